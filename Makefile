@@ -1,0 +1,34 @@
+# rollyard: every entry point a developer needs. `make setup` is idempotent.
+PY ?= .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export LITELLM_LOCAL_MODEL_COST_MAP := True
+
+.PHONY: setup test test-fast demo bench lint fmt clean
+
+setup:
+	bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -ra -m "not slow and not engine"
+
+demo: setup
+	.venv/bin/rollyard demo
+
+bench: setup
+	.venv/bin/rollyard bench all
+
+lint: setup
+	.venv/bin/ruff check src tests
+	.venv/bin/ruff format --check src tests
+
+fmt:
+	.venv/bin/ruff format src tests
+	.venv/bin/ruff check --fix src tests
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache .hypothesis runs

