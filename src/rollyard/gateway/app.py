@@ -1,0 +1,79 @@
+"""The FastAPI application: wires engines, renderer, scheduler, program table and journal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from rollyard.core.clock import Clock, SystemClock
+from rollyard.engines.base import Backend
+from rollyard.gateway import (
+    errors,
+    routes_admin,
+    routes_anthropic,
+    routes_meta,
+    routes_openai_chat,
+    routes_openai_responses,
+)
+from rollyard.gateway.edge import PREFIXES
+from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.pool import EnginePool
+from rollyard.gateway.programs import ProgramTable
+from rollyard.gateway.recorder import SqliteJournal
+from rollyard.gateway.renderer import Renderer
+from rollyard.gateway.scheduler import Policy, Scheduler
+from rollyard.gateway.service import Gateway
+from rollyard.gateway.tokenizer import Tokenizer
+
+
+def build_gateway(
+    backends: Mapping[str, Backend],
+    tokenizer: Tokenizer,
+    journal_path: str | Path,
+    admin_token: str,
+    model_name: str,
+    *,
+    clock: Clock | None = None,
+    policy: Policy | None = None,
+    strict_model: bool = False,
+    capacity: int = 256,
+) -> Gateway:
+    clock = clock or SystemClock()
+    metrics = GatewayMetrics()
+    journal = SqliteJournal(journal_path)
+    programs = ProgramTable(journal, clock, admin_token)
+    pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity)
+    return Gateway(pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model)
+
+
+def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
+    """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.pool.probe()
+        poller = asyncio.create_task(gateway.pool.poll_forever(poll_interval_s))
+        try:
+            yield
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            await gateway.pool.aclose()
+            gateway.journal.close()
+
+    app = FastAPI(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+    errors.install(app)
+    app.include_router(routes_meta.router)
+    app.include_router(routes_admin.router)
+    for prefix in PREFIXES:
+        shown = prefix == "/v1"
+        for module in (routes_openai_chat, routes_openai_responses, routes_anthropic):
+            app.include_router(module.router, prefix=prefix, include_in_schema=shown)
+        app.include_router(routes_meta.model_router, prefix=prefix, include_in_schema=shown)
+    return app

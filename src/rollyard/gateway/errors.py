@@ -1,0 +1,107 @@
+"""The one place rollyard errors become HTTP error bodies, in the caller's dialect.
+
+OpenAI routes answer ``{"error": {"message", "type", "param", "code"}}``; Anthropic routes
+(``/v1/messages...``) answer ``{"type": "error", "error": {"type", "message"}}``. Unexpected
+exceptions become a 500 with a generic message (the traceback goes to the log, never the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from rollyard.core.errors import EngineUnavailable, RollyardError
+
+log = logging.getLogger(__name__)
+
+_OPENAI_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    502: "api_error",
+    503: "service_unavailable",
+}
+_ANTHROPIC_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic(path: str) -> bool:
+    return "/v1/messages" in path or path.rstrip("/").endswith("/messages")
+
+
+def error_body(path: str, status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
+    if is_anthropic(path):
+        return {
+            "type": "error",
+            "error": {"type": _ANTHROPIC_TYPE.get(status, "api_error"), "message": message},
+        }
+    kind = _OPENAI_TYPE.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(path: str, status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return JSONResponse(error_body(path, status, message, code, param), status_code=status, headers=headers)
+
+
+def rollyard_error_response(path: str, e: RollyardError) -> JSONResponse:
+    resp = error_response(path, e.http_status, e.message, e.code, getattr(e, "param", None))
+    if isinstance(e, EngineUnavailable):
+        resp.headers["Retry-After"] = str(max(1, round(e.retry_after_s)))
+    return resp
+
+
+def _loc(err: dict[str, Any]) -> str:
+    return ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+
+
+async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, RollyardError)
+    level = logging.WARNING if e.http_status >= 500 else logging.INFO
+    log.log(level, "request failed path=%s status=%d code=%s", request.url.path, e.http_status, e.code)
+    return rollyard_error_response(request.url.path, e)
+
+
+async def _on_validation(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, RequestValidationError)
+    errs = list(e.errors())
+    first = errs[0] if errs else {}
+    if first.get("type") == "json_invalid":
+        return error_response(request.url.path, 400, "request body is not valid JSON", "invalid_json")
+    param = _loc(first) or None
+    msg = "; ".join(f"{_loc(x) or 'body'}: {x.get('msg', 'invalid')}" for x in errs[:5])
+    return error_response(request.url.path, 400, msg, "invalid_request_error", param)
+
+
+async def _on_http(request: Request, e: Exception) -> JSONResponse:
+    assert isinstance(e, HTTPException)
+    code = "not_found" if e.status_code == 404 else "http_error"
+    return error_response(request.url.path, e.status_code, str(e.detail), code)
+
+
+async def _on_unexpected(request: Request, e: Exception) -> JSONResponse:
+    log.exception("unexpected error path=%s", request.url.path)
+    return error_response(request.url.path, 500, "internal gateway error (see gateway log)", "internal_error")
+
+
+def install(app: Any) -> None:
+    app.add_exception_handler(RollyardError, _on_rollyard)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)

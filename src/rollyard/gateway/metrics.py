@@ -1,0 +1,45 @@
+"""Prometheus metrics of one gateway (own registry, so several gateways can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("rollyard_gateway_requests", "Model requests", ["api", "outcome"], registry=r)
+        self.tokens = Counter("rollyard_gateway_tokens", "Tokens by kind", ["kind"], registry=r)
+        self.latency = Histogram(
+            "rollyard_gateway_request_seconds",
+            "End-to-end latency",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "rollyard_gateway_overhead_seconds",
+            "Latency added by the gateway (total minus engine time)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "rollyard_gateway_queue_seconds",
+            "Time in the scheduler queue",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.programs = Gauge("rollyard_gateway_programs", "Programs by state", ["state"], registry=r)
+        self.kv_usage = Gauge(
+            "rollyard_engine_kv_usage", "Engine KV cache usage (0..1)", ["engine"], registry=r
+        )
+        self.engine_up = Gauge("rollyard_engine_up", "Engine healthy (1) or not (0)", ["engine"], registry=r)
+        self.rewrites = Counter(
+            "rollyard_gateway_context_rewrites", "History rewrites (new segments)", registry=r
+        )
+        self.malformed = Counter("rollyard_gateway_malformed_tool_calls", "Malformed tool calls", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

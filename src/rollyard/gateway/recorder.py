@@ -1,0 +1,171 @@
+"""The journal: programs, turns, events and conversation state in SQLite (WAL).
+
+Each completed turn is one transaction (turn + its events + the program's conversation
+state), committed before the client sees the answer. WAL makes a committed transaction
+survive ``kill -9`` of the process (``synchronous=NORMAL``: only a power loss can drop the
+last transactions). The file holds program keys, so it is created 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from rollyard.core.errors import NotFound
+from rollyard.core.program import Program
+from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
+from rollyard.gateway.renderer import ConversationState
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS programs (id TEXT PRIMARY KEY, body TEXT NOT NULL, outcome TEXT);
+CREATE TABLE IF NOT EXISTS turns (
+    program_id TEXT NOT NULL, idx INTEGER NOT NULL, segment INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (program_id, idx));
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, program_id TEXT NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_program ON events (program_id);
+CREATE TABLE IF NOT EXISTS conversations (program_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+"""
+
+
+class SqliteJournal:
+    """Append-only record of what each program's policy saw and produced."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self.path.touch(mode=0o600)
+        os.chmod(self.path, 0o600)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # programs -------------------------------------------------------------
+    def save_program(self, program: Program, outcome: Outcome | None = None) -> None:
+        out = outcome.model_dump_json() if outcome is not None else None
+        self._tx(
+            [
+                (
+                    "INSERT INTO programs (id, body, outcome) VALUES (?, ?, ?) ON CONFLICT(id) DO UPDATE "
+                    "SET body = excluded.body, outcome = COALESCE(excluded.outcome, programs.outcome)",
+                    (program.id, program.model_dump_json(), out),
+                )
+            ]
+        )
+
+    def load_programs(self) -> list[Program]:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM programs ORDER BY rowid").fetchall()
+        return [Program.model_validate_json(r[0]) for r in rows]
+
+    def load_conversations(self) -> dict[str, ConversationState]:
+        with self._lock:
+            rows = self._db.execute("SELECT program_id, body FROM conversations").fetchall()
+        return {pid: ConversationState.from_json(json.loads(body)) for pid, body in rows}
+
+    # turns ----------------------------------------------------------------
+    def record_turn(
+        self,
+        program: Program,
+        turn: Turn,
+        segment: int,
+        events: list[Event],
+        state: ConversationState,
+    ) -> None:
+        """One transaction: the turn, its events, the conversation state and the program row."""
+        stmts: list[tuple[str, tuple[Any, ...]]] = [
+            (
+                "INSERT INTO turns (program_id, idx, segment, body) VALUES (?, ?, ?, ?)",
+                (program.id, turn.index, segment, turn.model_dump_json()),
+            ),
+            (
+                "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
+                "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
+                (program.id, json.dumps(state.to_json())),
+            ),
+            ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
+        ]
+        stmts += [
+            ("INSERT INTO events (program_id, body) VALUES (?, ?)", (program.id, e.model_dump_json()))
+            for e in events
+        ]
+        self._tx(stmts)
+
+    def record_events(self, program_id: str, events: list[Event]) -> None:
+        if events:
+            self._tx(
+                [
+                    ("INSERT INTO events (program_id, body) VALUES (?, ?)", (program_id, e.model_dump_json()))
+                    for e in events
+                ]
+            )
+
+    def trajectory(self, program_id: str) -> Trajectory:
+        """Rebuild a program's trajectory from the journal (segments validated on the way)."""
+        with self._lock:
+            prow = self._db.execute(
+                "SELECT body, outcome FROM programs WHERE id = ?", (program_id,)
+            ).fetchone()
+            turns = self._db.execute(
+                "SELECT segment, body FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
+            ).fetchall()
+            events = self._db.execute(
+                "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
+            ).fetchall()
+        if prow is None:
+            raise NotFound(f"no program {program_id!r}")
+        program = Program.model_validate_json(prow[0])
+        segments: list[Segment] = []
+        last = None
+        for seg, body in turns:
+            if seg != last:
+                segments.append(Segment())
+                last = seg
+            segments[-1].turns.append(Turn.model_validate_json(body))
+        return Trajectory(
+            id=f"traj_{program.id.removeprefix('prog_')}",
+            program_id=program.id,
+            group_id=program.group_id,
+            task_id=program.task_id,
+            segments=[Segment.model_validate(s.model_dump()) for s in segments],
+            events=[Event.model_validate_json(e[0]) for e in events],
+            outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
+            metadata={"program": program.public()},
+        )
+
+    def program_ids(self, group_id: str | None = None) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, body FROM programs ORDER BY rowid").fetchall()
+        return [pid for pid, body in rows if group_id is None or json.loads(body)["group_id"] == group_id]
+
+    def turn_count(self, program_id: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM turns WHERE program_id = ?", (program_id,)
+            ).fetchone()
+        return int(row[0])

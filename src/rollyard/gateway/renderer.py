@@ -1,0 +1,151 @@
+"""Messages to token ids, token-exact across turns.
+
+The chat format is concatenative (engines.chat_template), so a conversation's ids are the
+concatenation of its messages' ids. When a request's messages are the previous request's
+messages plus the assistant message the gateway returned plus new ones, the previous prompt
+and completion ids are reused verbatim and only the new messages are tokenized. Anything else
+(truncation, summary, edited history, changed tools) is a rewrite: rendered fresh, and the
+caller starts a new segment.
+
+A completion that did not end with eos (finished by length, or aborted) is closed by
+appending the eos id before the next message; that token is part of the next prompt, so it is
+never trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollyard.engines import chat_template as ct
+from rollyard.gateway.tokenizer import Tokenizer
+from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
+
+
+def tools_key(tools: list[Tool]) -> str:
+    return json.dumps([t.to_dict() for t in tools], sort_keys=True)
+
+
+@dataclass
+class ConversationState:
+    """What a program's next request must extend to reuse ids verbatim."""
+
+    messages: list[Message]
+    tools_key: str
+    returned: Message
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    turn_index: int = 0
+    segment: int = 0
+    response_id: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "messages": [_msg_json(m) for m in self.messages],
+            "tools_key": self.tools_key,
+            "returned": _msg_json(self.returned),
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "turn_index": self.turn_index,
+            "segment": self.segment,
+            "response_id": self.response_id,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ConversationState:
+        return cls(
+            messages=[_msg_from(m) for m in d["messages"]],
+            tools_key=d["tools_key"],
+            returned=_msg_from(d["returned"]),
+            prompt_ids=list(d["prompt_ids"]),
+            completion_ids=list(d["completion_ids"]),
+            turn_index=int(d["turn_index"]),
+            segment=int(d["segment"]),
+            response_id=d.get("response_id", ""),
+        )
+
+
+def _msg_json(m: Message) -> dict[str, Any]:
+    return {
+        "role": m.role,
+        "content": m.content,
+        "tool_calls": [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in m.tool_calls],
+        "reasoning": m.reasoning,
+        "tool_call_id": m.tool_call_id,
+    }
+
+
+def _msg_from(d: dict[str, Any]) -> Message:
+    calls = tuple(ToolCall(c["name"], c["arguments"], c.get("id", "")) for c in d.get("tool_calls", []))
+    return Message(d["role"], d["content"], calls, d.get("reasoning"), d.get("tool_call_id"))
+
+
+@dataclass
+class RenderPlan:
+    prompt_ids: list[int]
+    reused_tokens: int = 0  # ids taken verbatim from the previous turn
+    extends: bool = False  # True: same segment as the previous turn
+    rewrite_reason: str | None = None  # why a previous conversation was not extended
+    closed_with_eos: bool = False
+    new_message_ids: list[list[int]] = field(default_factory=list)
+
+
+class Renderer:
+    """Renders ``ChatRequest`` messages to prompt ids, and completions back to messages."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tok = tokenizer
+        self.gen_prompt_ids = tokenizer.encode(ct.render_generation_prompt())
+
+    def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
+        tpl_tools = [t.to_template() for t in tools] or None
+        return self.tok.encode(ct.render_message(message.to_template(), tpl_tools, first=first))
+
+    def render_fresh(self, request: ChatRequest) -> list[int]:
+        msgs = list(request.messages)
+        if request.tools and (not msgs or msgs[0].role != "system"):
+            msgs.insert(0, Message("system", ""))
+        ids: list[int] = []
+        for i, m in enumerate(msgs):
+            ids += self.message_ids(m, request.tools, first=(i == 0))
+        return ids + self.gen_prompt_ids
+
+    def render(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
+        """Reuse the previous turn's ids when the request extends it; else render fresh."""
+        reason = None if state is None else self._mismatch(request, state)
+        if state is None or reason is not None:
+            return RenderPlan(self.render_fresh(request), rewrite_reason=reason)
+        prefix = state.prompt_ids + state.completion_ids
+        closed = not state.completion_ids or state.completion_ids[-1] != self.tok.eos_id
+        if closed:
+            prefix = [*prefix, self.tok.eos_id]
+        new = [
+            self.message_ids(m, request.tools, first=False)
+            for m in request.messages[len(state.messages) + 1 :]
+        ]
+        ids = prefix + [t for m in new for t in m] + self.gen_prompt_ids
+        return RenderPlan(ids, len(prefix), True, None, closed, new)
+
+    @staticmethod
+    def _mismatch(request: ChatRequest, state: ConversationState) -> str | None:
+        """None when the request extends the state; else a short reason (recorded in the event)."""
+        n = len(state.messages)
+        msgs = request.messages
+        if tools_key(request.tools) != state.tools_key:
+            return "tools_changed"
+        if len(msgs) <= n + 1:
+            return "no_new_messages" if len(msgs) == n + 1 else "history_shortened"
+        for i in range(n):
+            if msgs[i].canonical() != state.messages[i].canonical():
+                return f"history_edited_at_{i}"
+        if msgs[n].role != "assistant" or not msgs[n].same_as_returned(state.returned):
+            return "assistant_message_edited"
+        return None
+
+    def decode_completion(self, ids: list[int], call_prefix: str, new_call_id: Any) -> tuple[Message, bool]:
+        """The assistant message for completion ids; the flag says a tool call was malformed."""
+        body = ids[:-1] if ids and ids[-1] == self.tok.eos_id else ids
+        parsed = ct.parse_assistant(self.tok.decode(body))
+        calls = tuple(ToolCall(c.name, c.arguments, new_call_id(call_prefix)) for c in parsed.tool_calls)
+        return Message("assistant", parsed.content, calls, parsed.reasoning), parsed.malformed

@@ -1,0 +1,72 @@
+"""Program administration: create, list, read, finish, trajectory (admin token, or the program's own key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.program import Program, ProgramState, SamplingPolicy
+from rollyard.core.trajectory import Outcome
+from rollyard.gateway.edge import api_key, gateway
+
+router = APIRouter()
+
+
+class CreateProgram(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    group_id: str = "default"
+    task_id: str = "default"
+    sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
+    context_limit: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class FinishProgram(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    state: ProgramState = ProgramState.FINISHED
+    status: str | None = None
+    outcome: Outcome | None = None
+
+
+@router.post("/programs", status_code=201)
+async def create_program(body: CreateProgram, request: Request) -> dict[str, Any]:
+    """Create a program; the answer is the only place its API key is ever shown."""
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    fields = body.model_dump(exclude_none=True)
+    program = gw.programs.create(Program(**fields))
+    return {**program.public(), "api_key": program.api_key}
+
+
+@router.get("/programs")
+async def list_programs(request: Request, group_id: str | None = None) -> dict[str, Any]:
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    progs = [p.public() for p in gw.programs.all() if group_id is None or p.group_id == group_id]
+    return {"object": "list", "data": progs}
+
+
+@router.get("/programs/{program_id}")
+async def get_program(program_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    return gw.programs.authorize_read(api_key(request), program_id).public()
+
+
+@router.post("/programs/{program_id}/finish")
+async def finish_program(program_id: str, body: FinishProgram, request: Request) -> dict[str, Any]:
+    """End a program (finished or terminated) and fire the termination hooks."""
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    return gw.programs.finish(program_id, body.state, body.status, body.outcome).public()
+
+
+@router.get("/programs/{program_id}/trajectory")
+async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
+    gw = gateway(request)
+    gw.programs.authorize_read(api_key(request), program_id)
+    return gw.journal.trajectory(program_id).model_dump(mode="json")

@@ -1,0 +1,214 @@
+"""OpenAI Chat Completions (``/v1/chat/completions``), translated to and from ``ChatRequest``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.errors import InvalidRequest
+from rollyard.core.program import Program
+from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.service import TextDelta
+from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
+
+router = APIRouter()
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+# Accepted and knowingly not honoured; recorded in the turn's IGNORED_PARAMS event when set.
+_IGNORED = [
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "user",
+    "parallel_tool_calls",
+    "response_format",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "metadata",
+    "store",
+    "reasoning_effort",
+    "service_tier",
+    "prediction",
+    "modalities",
+    "audio",
+]
+
+
+class ChatCompletionBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    n: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+
+
+def parse_messages(raw: list[dict[str, Any]]) -> list[Message]:
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        role = _ROLES.get(m.get("role", ""))
+        if role is None:
+            raise InvalidRequest(f"{where}.role must be one of {sorted(_ROLES)}, not {m.get('role')!r}")
+        content = text_of(m.get("content"), f"{where}.content")
+        calls = []
+        for j, c in enumerate(m.get("tool_calls") or []):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict):
+                raise InvalidRequest(f"{where}.tool_calls[{j}] needs a function object")
+            calls.append(
+                tool_call(fn.get("name"), fn.get("arguments"), c.get("id"), f"{where}.tool_calls[{j}]")
+            )
+        reasoning = m.get("reasoning_content") or m.get("reasoning")
+        out.append(
+            Message(
+                role,
+                content,
+                tuple(calls),
+                reasoning if isinstance(reasoning, str) else None,
+                m.get("tool_call_id"),
+            )  # type: ignore[arg-type]
+        )
+    return out
+
+
+def parse_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
+    tools = []
+    for i, t in enumerate(raw or []):
+        fn = t.get("function")
+        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not fn.get("name"):
+            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+        tools.append(Tool(fn["name"], fn.get("description") or "", fn.get("parameters") or {}))
+    return tools
+
+
+def to_request(body: ChatCompletionBody) -> ChatRequest:
+    if not body.messages:
+        raise InvalidRequest("messages must not be empty")
+    if body.n not in (None, 1):
+        raise InvalidRequest("n > 1 is not supported; send n separate requests")
+    req = ChatRequest(
+        messages=parse_messages(body.messages),
+        tools=parse_tools(body.tools),
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stream=bool(body.stream),
+        model=body.model,
+        api="openai_chat",
+    )
+    tc = body.tool_choice
+    if isinstance(tc, dict):
+        req.tool_name = (tc.get("function") or {}).get("name")
+        if not req.tool_name:
+            raise InvalidRequest("tool_choice object needs function.name")
+    elif tc in ("auto", "none", "required"):
+        req.tool_choice = tc  # type: ignore[assignment]
+    elif tc is not None:
+        raise InvalidRequest(f"tool_choice must be auto, none, required or a function, not {tc!r}")
+    extra = body.model_extra or {}
+    req.ignored = {k: v for k, v in extra.items() if v is not None and k in _IGNORED}
+    unknown = sorted(k for k in extra if k not in _IGNORED)
+    if unknown:
+        req.ignored["unknown_fields"] = unknown
+    return req
+
+
+def _calls(result: ChatResult) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json()}}
+        for c in result.message.tool_calls
+    ]
+
+
+def _usage(r: ChatResult) -> dict[str, Any]:
+    return {
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "total_tokens": r.prompt_tokens + r.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": r.cached_tokens},
+    }
+
+
+def to_body(r: ChatResult) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": r.message.content or None}
+    if r.message.tool_calls:
+        msg["tool_calls"] = _calls(r)
+    if r.message.reasoning:
+        msg["reasoning_content"] = r.message.reasoning
+    return {
+        "id": f"chatcmpl-{r.request_id}",
+        "object": "chat.completion",
+        "created": r.created,
+        "model": r.model,
+        "choices": [{"index": 0, "message": msg, "finish_reason": r.stop_kind, "logprobs": None}],
+        "usage": _usage(r),
+    }
+
+
+async def _frames(
+    items: AsyncIterator[TextDelta | ChatResult], model: str, include_usage: bool
+) -> AsyncIterator[str]:
+    cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        }
+
+    yield event(chunk({"role": "assistant", "content": ""}))
+    sent = ""
+    async for item in items:
+        if isinstance(item, TextDelta):
+            sent += item.text
+            yield event(chunk({"content": item.text}))
+            continue
+        r = item
+        if r.message.reasoning:
+            yield event(chunk({"reasoning_content": r.message.reasoning}))
+        rest = r.message.content[len(sent) :] if r.message.content.startswith(sent) else ""
+        if rest:
+            yield event(chunk({"content": rest}))
+        for i, c in enumerate(_calls(r)):
+            yield event(chunk({"tool_calls": [{"index": i, **c}]}))
+        yield event(chunk({}, r.stop_kind))
+        if include_usage:
+            yield event({**chunk({}), "choices": [], "usage": _usage(r)})
+    yield event("[DONE]")
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionBody, request: Request, program: Program = Depends(caller)
+) -> Response:
+    """OpenAI Chat Completions; streamed when ``stream`` is true."""
+    gw = gateway(request)
+    req = to_request(body)
+    if not req.stream:
+        return JSONResponse(to_body(await gw.chat(program, req)))
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    items = await primed(gw.chat_stream(program, req))
+    return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)

@@ -1,0 +1,347 @@
+"""OpenAI Responses (``/v1/responses``) to and from ``ChatRequest``.
+
+Input items: messages (any role, ``developer`` = system), ``function_call`` and
+``function_call_output``; ``reasoning`` items are folded into the next assistant message.
+Tolerated and recorded as ignored: ``reasoning``, ``include``, ``store``, ``prompt_cache_key``,
+``parallel_tool_calls``, ``text``, ``truncation`` and non-function tools (``web_search``, ...).
+``previous_response_id`` works for the program's latest response (the gateway keeps it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.errors import InvalidRequest
+from rollyard.core.program import Program
+from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.service import TextDelta
+from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
+
+router = APIRouter()
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ResponsesBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool | None = False
+    previous_response_id: str | None = None
+
+
+def parse_input(items: str | list[dict[str, Any]]) -> list[Message]:
+    if isinstance(items, str):
+        return [Message("user", items)]
+    out: list[Message] = []
+    reasoning: str | None = None
+    for i, it in enumerate(items):
+        where = f"input[{i}]"
+        kind = it.get("type", "message")
+        if kind == "message":
+            role = _ROLES.get(it.get("role", ""))
+            if role is None:
+                raise InvalidRequest(f"{where}.role must be one of {sorted(_ROLES)}")
+            text = text_of(it.get("content"), f"{where}.content", _TEXT_PARTS)
+            if role == "assistant" and out and out[-1].role == "assistant" and not out[-1].content:
+                prev = out.pop()  # function calls came first; keep one assistant message
+                out.append(Message("assistant", text, prev.tool_calls, prev.reasoning))
+            else:
+                out.append(Message(role, text, reasoning=reasoning if role == "assistant" else None))  # type: ignore[arg-type]
+            reasoning = None if role == "assistant" else reasoning
+        elif kind == "function_call":
+            call = tool_call(it.get("name"), it.get("arguments"), it.get("call_id"), where)
+            if out and out[-1].role == "assistant":
+                prev = out.pop()
+                out.append(Message("assistant", prev.content, (*prev.tool_calls, call), prev.reasoning))
+            else:
+                out.append(Message("assistant", "", (call,), reasoning))
+            reasoning = None
+        elif kind == "function_call_output":
+            output = it.get("output")
+            text = output if isinstance(output, str) else text_of(output, f"{where}.output", _TEXT_PARTS)
+            out.append(Message("tool", text, tool_call_id=it.get("call_id")))
+        elif kind == "reasoning":
+            parts = it.get("summary") or it.get("content") or []
+            reasoning = text_of(parts, f"{where}.summary", _TEXT_PARTS) or None
+        else:
+            raise InvalidRequest(f"{where}: input item type {kind!r} is not supported")
+    return out
+
+
+def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
+    msgs = parse_input(body.input)
+    if body.instructions:
+        msgs.insert(0, Message("system", body.instructions))
+    tools, skipped = [], []
+    for i, t in enumerate(body.tools or []):
+        if t.get("type") != "function":
+            skipped.append(t.get("type"))
+            continue
+        if not t.get("name"):
+            raise InvalidRequest(f"tools[{i}] needs a name")
+        tools.append(Tool(t["name"], t.get("description") or "", t.get("parameters") or {}))
+    if previous and msgs and msgs[0].role == "system" and body.instructions:
+        msgs = msgs[1:]  # instructions are already the first message of the stored conversation
+    req = ChatRequest(
+        messages=previous + msgs,
+        tools=tools,
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stream=bool(body.stream),
+        model=body.model,
+        api="openai_responses",
+    )
+    tc = body.tool_choice
+    if isinstance(tc, dict):
+        req.tool_name = tc.get("name") or (tc.get("function") or {}).get("name")
+        if tc.get("type") != "function" or not req.tool_name:
+            raise InvalidRequest("tool_choice object must be {'type': 'function', 'name': ...}")
+    elif tc in ("auto", "none", "required"):
+        req.tool_choice = tc  # type: ignore[assignment]
+    elif tc is not None:
+        raise InvalidRequest(f"tool_choice must be auto, none, required or a function, not {tc!r}")
+    req.ignored = {k: v for k, v in (body.model_extra or {}).items() if v is not None}
+    if skipped:
+        req.ignored["non_function_tools"] = skipped
+    return req
+
+
+def _output(r: ChatResult) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if r.message.reasoning:
+        summary = [{"type": "summary_text", "text": r.message.reasoning}]
+        out.append({"type": "reasoning", "id": f"rs_{r.request_id[5:]}", "summary": summary})
+    if r.message.content or not r.message.tool_calls:
+        part = {"type": "output_text", "text": r.message.content, "annotations": [], "logprobs": []}
+        out.append(
+            {
+                "type": "message",
+                "id": f"msg_{r.request_id[5:]}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
+        )
+    for c in r.message.tool_calls:
+        out.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{c.id.removeprefix('call_')}",
+                "call_id": c.id,
+                "name": c.name,
+                "arguments": c.arguments_json(),
+                "status": "completed",
+            }
+        )
+    return out
+
+
+def _response(r: ChatResult | None, rid: str, model: str, req: ChatRequest, created: int) -> dict[str, Any]:
+    done = r is not None
+    incomplete = r is not None and r.stop_kind == "length"
+    usage = None
+    if r is not None:
+        usage = {
+            "input_tokens": r.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": r.cached_tokens},
+            "output_tokens": r.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": r.prompt_tokens + r.completion_tokens,
+        }
+    tc = req.tool_choice if not req.tool_name else {"type": "function", "name": req.tool_name}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "model": model,
+        "output": _output(r) if r is not None else [],
+        "parallel_tool_calls": False,
+        "tool_choice": tc,
+        "tools": [{"type": "function", **t.to_dict(), "strict": False} for t in req.tools],
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "max_output_tokens": req.max_tokens,
+        "text": {"format": {"type": "text"}},
+        "usage": usage,
+    }
+
+
+async def _frames(
+    items: AsyncIterator[TextDelta | ChatResult], req: ChatRequest, model: str
+) -> AsyncIterator[str]:
+    seq = 0
+    created = int(time.time())
+
+    def ev(kind: str, **fields: Any) -> str:
+        nonlocal seq
+        seq += 1
+        return event({"type": kind, "sequence_number": seq - 1, **fields}, kind)
+
+    rid = req.response_id
+    yield ev("response.created", response=_response(None, rid, model, req, created))
+    yield ev("response.in_progress", response=_response(None, rid, model, req, created))
+    sent, text_open, msg_id = "", False, f"msg_{uuid.uuid4().hex[:24]}"
+    async for item in items:
+        if isinstance(item, TextDelta):
+            if not text_open:
+                text_open = True
+                empty = {
+                    "type": "message",
+                    "id": msg_id,
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                }
+                yield ev("response.output_item.added", output_index=0, item=empty)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield ev(
+                    "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
+                )
+            sent += item.text
+            yield ev(
+                "response.output_text.delta",
+                item_id=msg_id,
+                output_index=0,
+                content_index=0,
+                delta=item.text,
+                logprobs=[],
+            )
+            continue
+        r = item
+        final = _response(r, rid, model, req, created)
+        outputs = final["output"]
+        for o in outputs:
+            if o["type"] == "message":
+                o["id"] = msg_id
+        start = 0
+        if text_open:
+            msg = next(o for o in outputs if o["type"] == "message")
+            start = 1
+            rest = r.message.content[len(sent) :] if r.message.content.startswith(sent) else ""
+            if rest:
+                yield ev(
+                    "response.output_text.delta",
+                    item_id=msg_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=rest,
+                    logprobs=[],
+                )
+            outputs.remove(msg)
+            outputs.insert(0, msg)
+            yield from_text_done(ev, msg, 0)
+        for i, o in enumerate(outputs[start:], start):
+            for frame in _item_frames(ev, o, i):
+                yield frame
+        final["output"] = outputs
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        yield ev(kind, response=final)
+
+
+def from_text_done(ev: Any, msg: dict[str, Any], index: int) -> str:
+    part = msg["content"][0]
+    return "".join(
+        [
+            ev(
+                "response.output_text.done",
+                item_id=msg["id"],
+                output_index=index,
+                content_index=0,
+                text=part["text"],
+                logprobs=[],
+            ),
+            ev(
+                "response.content_part.done",
+                item_id=msg["id"],
+                output_index=index,
+                content_index=0,
+                part=part,
+            ),
+            ev("response.output_item.done", output_index=index, item=msg),
+        ]
+    )
+
+
+def _item_frames(ev: Any, item: dict[str, Any], index: int) -> list[str]:
+    if item["type"] == "message":
+        empty = {**item, "status": "in_progress", "content": []}
+        part = item["content"][0]
+        return [
+            ev("response.output_item.added", output_index=index, item=empty),
+            ev(
+                "response.content_part.added",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                part={**part, "text": ""},
+            ),
+            ev(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                delta=part["text"],
+                logprobs=[],
+            ),
+            from_text_done(ev, item, index),
+        ]
+    if item["type"] == "function_call":
+        return [
+            ev(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            ),
+            ev(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=item["arguments"],
+            ),
+            ev(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                arguments=item["arguments"],
+            ),
+            ev("response.output_item.done", output_index=index, item=item),
+        ]
+    return [
+        ev("response.output_item.added", output_index=index, item=item),
+        ev("response.output_item.done", output_index=index, item=item),
+    ]
+
+
+@router.post("/responses", response_model=None)
+async def responses(body: ResponsesBody, request: Request, program: Program = Depends(caller)) -> Response:
+    """OpenAI Responses; streamed when ``stream`` is true."""
+    gw = gateway(request)
+    previous = gw.previous_messages(program, body.previous_response_id) if body.previous_response_id else []
+    req = to_request(body, previous)
+    if not req.stream:
+        r = await gw.chat(program, req)
+        return JSONResponse(_response(r, r.request_id, req.model or gw.model_name, req, r.created))
+    req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
+    items = await primed(gw.chat_stream(program, req))
+    return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name), False)

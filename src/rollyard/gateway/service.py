@@ -1,0 +1,304 @@
+"""One model call, whatever the dialect: render once, schedule once, call, record once.
+
+``Gateway.chat`` and ``Gateway.chat_stream`` take a typed ``ChatRequest`` and give a
+``ChatResult``; the turn is committed to the journal before the result (or, when streaming,
+the final event) is handed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from rollyard.core.clock import Clock
+from rollyard.core.errors import EngineUnavailable, InvalidRequest
+from rollyard.core.program import Program, ProgramPhase
+from rollyard.core.sampling import SamplingParams
+from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
+from rollyard.engines.base import Completion
+from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.pool import EnginePool
+from rollyard.gateway.programs import ProgramTable
+from rollyard.gateway.recorder import SqliteJournal
+from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan, tools_key
+from rollyard.gateway.sampling import context_limit, sampling_for
+from rollyard.gateway.scheduler import Dispatch
+from rollyard.gateway.streaming import TextStreamer
+from rollyard.gateway.types import ChatRequest, ChatResult, Message
+
+log = logging.getLogger(__name__)
+
+
+def new_call_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+class Gateway:
+    def __init__(
+        self,
+        pool: EnginePool,
+        renderer: Renderer,
+        programs: ProgramTable,
+        journal: SqliteJournal,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        model_name: str,
+        strict_model: bool = False,
+    ) -> None:
+        self.pool, self.renderer, self.programs, self.journal = pool, renderer, programs, journal
+        self.clock, self.metrics = clock, metrics
+        self.model_name, self.strict_model = model_name, strict_model
+        self.conversations: dict[str, ConversationState] = journal.load_conversations()
+        self._locks: dict[str, asyncio.Lock] = {}
+        programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
+
+    # public ---------------------------------------------------------------
+    def check_model(self, request: ChatRequest) -> None:
+        if request.model and request.model != self.model_name:
+            if self.strict_model:
+                raise InvalidRequest(
+                    f"unknown model {request.model!r}; this gateway serves {self.model_name!r}"
+                )
+            request.ignored["model"] = request.model
+
+    def count_tokens(self, program: Program, request: ChatRequest) -> int:
+        state = self.conversations.get(program.id)
+        return len(self.renderer.render(request, state).prompt_ids)
+
+    async def chat(self, program: Program, request: ChatRequest) -> ChatResult:
+        result: ChatResult | None = None
+        async for item in self.chat_stream(program, request):
+            if isinstance(item, ChatResult):
+                result = item
+        assert result is not None
+        return result
+
+    async def chat_stream(
+        self, program: Program, request: ChatRequest
+    ) -> AsyncIterator[TextDelta | ChatResult]:
+        """Text deltas while generating (when ``request.stream``), then the recorded result."""
+        self.programs.require_active(program)
+        self.check_model(request)
+        if not request.messages:
+            raise InvalidRequest("messages must not be empty")
+        async with self._locks.setdefault(program.id, asyncio.Lock()):
+            plan = self.renderer.render(request, self.conversations.get(program.id))
+            async for item in self._run(program, request, plan):
+                yield item
+
+    async def complete_raw(
+        self,
+        program: Program,
+        prompt: str | list[int],
+        max_tokens: int | None,
+        temperature: float | None,
+        top_p: float | None,
+        seed: int | None,
+        model: str,
+    ) -> dict[str, Any]:
+        """``/v1/completions``: the prompt as given (ids, or text tokenized without a template)."""
+        self.programs.require_active(program)
+        request = ChatRequest([], max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        request.model, request.api = model, "openai_completions"
+        self.check_model(request)
+        ids = list(prompt) if isinstance(prompt, list) else self.renderer.tok.encode(prompt)
+        if not ids:
+            raise InvalidRequest("prompt must not be empty")
+        async with self._locks.setdefault(program.id, asyncio.Lock()):
+            prev = self.conversations.get(program.id)
+            head = prev.prompt_ids + prev.completion_ids if prev else []
+            ext = prev is not None and ids[: len(head)] == head
+            plan = RenderPlan(ids, len(head) if ext else 0, ext, None if ext else "raw_completion")
+            result = None
+            async for item in self._run(program, request, plan):
+                result = item
+        assert isinstance(result, ChatResult)
+        return {
+            "id": result.request_id,
+            "created": result.created,
+            "model": result.model,
+            "text": self.renderer.tok.decode(result.completion_ids),
+            "token_ids": result.completion_ids,
+            "finish_reason": result.finish_reason.value,
+            "prompt_tokens": result.prompt_tokens,
+        }
+
+    async def _run(
+        self, program: Program, request: ChatRequest, plan: RenderPlan
+    ) -> AsyncIterator[TextDelta | ChatResult]:
+        """Schedule, call the engine (one retry elsewhere if it dies before streaming), record."""
+        submitted = self.clock.now()
+        params = sampling_for(
+            request, program, len(plan.prompt_ids), context_limit(program, self.pool.max_model_len)
+        )
+        streamer = TextStreamer(self.renderer.tok)
+        completion: Completion | None = None
+        engine_s = 0.0
+        dispatch: Dispatch | None = None
+        for attempt in range(2):  # one retry on another engine if the first one dies
+            dispatch = await self.pool.acquire(program.id, len(plan.prompt_ids))
+            started = self.clock.now()
+            program.phase, program.engine = ProgramPhase.REASONING, dispatch.engine
+            try:
+                backend = self.pool.backends[dispatch.engine]
+                if request.stream:
+                    completion = None
+                    async for piece in self._stream_engine(backend, plan.prompt_ids, params, streamer):
+                        if isinstance(piece, Completion):
+                            completion = piece
+                        elif piece:
+                            yield TextDelta(piece)
+                else:
+                    completion = await backend.generate(plan.prompt_ids, params)
+                break
+            except EngineUnavailable as e:
+                self.pool.mark_down(dispatch.engine, e.message)
+                if attempt == 1 or streamer.ids or not self.pool.scheduler.healthy_engines():
+                    self.metrics.requests.labels(request.api, "engine_unavailable").inc()
+                    raise
+            finally:
+                engine_s += self.clock.now() - started
+                program.phase = ProgramPhase.ACTING
+                self.pool.release(dispatch)
+        assert completion is not None and dispatch is not None
+        result = self._record(program, request, plan, params, completion, dispatch, submitted, started)
+        total = self.clock.now() - submitted
+        self.metrics.requests.labels(request.api, "ok").inc()
+        self.metrics.latency.labels(request.api).observe(total)
+        self.metrics.overhead.observe(max(0.0, total - engine_s))
+        yield result
+
+    async def _stream_engine(
+        self, backend: object, prompt_ids: list[int], params: SamplingParams, streamer: TextStreamer
+    ) -> AsyncIterator[str | Completion]:
+        ids: list[int] = []
+        lps: list[float] = []
+        finish = FinishReason.ABORT
+        prompt_tokens, version = len(prompt_ids), 0
+        async for d in backend.stream(prompt_ids, params):  # type: ignore[attr-defined]
+            ids += d.token_ids
+            lps += d.logprobs
+            version = d.policy_version or version
+            if d.finish_reason is not None:
+                finish = d.finish_reason
+            yield streamer.feed(d.token_ids)
+        yield Completion(
+            token_ids=ids,
+            logprobs=lps,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            policy_version=version,
+            engine=getattr(backend, "name", ""),
+        )
+
+    # recording ------------------------------------------------------------
+    def _record(
+        self,
+        program: Program,
+        request: ChatRequest,
+        plan: RenderPlan,
+        params: SamplingParams,
+        completion: Completion,
+        dispatch: Dispatch,
+        submitted: float,
+        started: float,
+    ) -> ChatResult:
+        prefix = "toolu_" if request.api == "anthropic" else "call_"
+        message, malformed = self.renderer.decode_completion(completion.token_ids, prefix, new_call_id)
+        prev = self.conversations.get(program.id)
+        index = prev.turn_index + 1 if prev else 0
+        segment = prev.segment if prev and plan.extends else (prev.segment + 1 if prev else 0)
+        flags = ["malformed_tool_call"] if malformed else []
+        if params.regex:
+            flags.append("constrained_decoding")
+        if plan.closed_with_eos:
+            flags.append("eos_appended_to_previous")
+        turn = Turn(
+            index=index,
+            prompt_ids=plan.prompt_ids,
+            completion_ids=completion.token_ids,
+            completion_logprobs=completion.logprobs,
+            policy_version=completion.policy_version,
+            finish_reason=completion.finish_reason,
+            timings=TurnTimings(submitted=submitted, started=started, finished=self.clock.now()),
+            engine=dispatch.engine,
+            sampling=params.model_dump(mode="json"),
+            requested_sampling=request.requested_sampling(),
+            flags=flags,
+        )
+        now = self.clock.now()
+        events: list[Event] = []
+        if prev and not plan.extends:
+            events.append(
+                Event(
+                    kind=EventKind.CONTEXT_REWRITE,
+                    turn_index=index,
+                    at=now,
+                    data={"segment": segment, "reason": plan.rewrite_reason or "", "api": request.api},
+                )
+            )
+            self.metrics.rewrites.inc()
+        if request.ignored:
+            events.append(
+                Event(kind=EventKind.IGNORED_PARAMS, turn_index=index, at=now, data=dict(request.ignored))
+            )
+        if dispatch.moved_from:
+            events.append(
+                Event(kind=EventKind.NOTE, turn_index=index, at=now, data={"moved_from": dispatch.moved_from})
+            )
+        if message.tool_calls:
+            events += [
+                Event(kind=EventKind.TOOL_CALL, turn_index=index, at=now, data={"name": c.name, "id": c.id})
+                for c in message.tool_calls
+            ]
+        if malformed:
+            self.metrics.malformed.inc()
+        response_id = request.response_id or f"resp_{uuid.uuid4().hex[:24]}"
+        state = ConversationState(
+            messages=list(request.messages),
+            tools_key=tools_key(request.tools),
+            returned=message,
+            prompt_ids=plan.prompt_ids,
+            completion_ids=completion.token_ids,
+            turn_index=index,
+            segment=segment,
+            response_id=response_id,
+        )
+        program.context_tokens = turn.total_tokens
+        self.journal.record_turn(program, turn, segment, events, state)
+        self.conversations[program.id] = state
+        self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
+        self.metrics.tokens.labels("reused").inc(plan.reused_tokens)
+        self.metrics.tokens.labels("completion").inc(len(completion.token_ids))
+        return ChatResult(
+            message=message,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=len(plan.prompt_ids),
+            completion_tokens=len(completion.token_ids),
+            cached_tokens=completion.cached_prompt_tokens or 0,
+            completion_ids=completion.token_ids,
+            malformed_tool_call=malformed,
+            request_id=response_id,
+            created=int(time.time()),
+            model=request.model or self.model_name,
+        )
+
+    def previous_messages(self, program: Program, response_id: str) -> list[Message]:
+        """The conversation a Responses ``previous_response_id`` continues (only the latest is kept)."""
+        state = self.conversations.get(program.id)
+        if state is None or state.response_id != response_id:
+            raise InvalidRequest(
+                f"previous_response_id {response_id!r} is not this program's latest response; "
+                "send the full input"
+            )
+        return [*state.messages, state.returned]
