@@ -1,0 +1,103 @@
+"""The training objective per micro-batch: rollyard.rl's policy losses, or cross-entropy for SFT.
+
+A batch is split into micro-batches by token budget, so each micro-batch's loss is weighted by
+its share of the batch (trained tokens for token-mean, live sequences for seq-mean) and the sum
+over micro-batches (and over data-parallel ranks) equals the loss of the whole batch at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.errors import ConfigError
+from rollyard.core.sample import Sample
+from rollyard.rl import losses
+from rollyard.rl.loss_inputs import Aggregation
+
+LossKind = Literal["ppo", "gspo", "ipa", "cispo", "sft"]
+
+_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {
+    "ppo": losses.ppo_clip_loss,
+    "gspo": losses.gspo_loss,
+    "ipa": losses.ipa_chunk_loss,
+    "cispo": losses.cispo_loss,
+}
+_DEFAULT_AGG = {"ppo": "token-mean", "gspo": "seq-mean", "ipa": "seq-mean", "cispo": "token-mean"}
+
+
+class LossConfig(BaseModel):
+    """Which loss, its aggregation, and keyword overrides passed to the rl loss (clip_low, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: LossKind = "ppo"
+    aggregation: str | None = None  # None: the loss's own default
+    options: dict[str, float] = Field(default_factory=dict)
+
+    def resolved_aggregation(self) -> Aggregation:
+        if self.kind == "sft":
+            return Aggregation.TOKEN_MEAN
+        try:
+            return Aggregation(self.aggregation or _DEFAULT_AGG[self.kind])
+        except ValueError as e:
+            raise ConfigError(f"unknown aggregation {self.aggregation!r}") from e
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Normalisers of the whole (global) batch, so micro-batch losses add up to the batch loss."""
+
+    tokens: int  # trained tokens
+    live_samples: int  # samples with at least one trained token
+
+    @staticmethod
+    def of(samples: Sequence[Sample]) -> BatchTotals:
+        return BatchTotals(
+            tokens=sum(s.num_loss_tokens for s in samples),
+            live_samples=sum(1 for s in samples if s.num_loss_tokens > 0),
+        )
+
+
+def _weight(agg: Aggregation, samples: Sequence[Sample], totals: BatchTotals) -> float:
+    if agg == Aggregation.TOKEN_MEAN:
+        return sum(s.num_loss_tokens for s in samples) / max(totals.tokens, 1)
+    if agg == Aggregation.SEQ_MEAN:
+        return sum(1 for s in samples if s.num_loss_tokens > 0) / max(totals.live_samples, 1)
+    return 1.0
+
+
+def micro_batch_loss(
+    config: LossConfig,
+    logprobs: Sequence[torch.Tensor],
+    samples: Sequence[Sample],
+    totals: BatchTotals,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted loss of one micro-batch's samples, given their per-token logprobs (t=0 entry unused)."""
+    device = logprobs[0].device
+    lp = torch.cat(list(logprobs))
+    mask = torch.cat([torch.tensor(s.loss_mask, dtype=lp.dtype) for s in samples]).to(device)
+    agg = config.resolved_aggregation()
+    weight = _weight(agg, samples, totals)
+    if config.kind == "sft":
+        n = mask.sum().clamp(min=1.0)
+        loss = -(lp * mask).sum() / n
+        return loss * weight, {"loss": float(loss.detach()), "tokens": float(mask.sum())}
+    old = torch.cat([torch.tensor(s.logprobs, dtype=lp.dtype) for s in samples]).to(device)
+    adv = torch.cat([torch.tensor(s.advantages, dtype=lp.dtype) for s in samples]).to(device)
+    seq = torch.cat([torch.full((len(s.token_ids),), i, dtype=torch.long) for i, s in enumerate(samples)])
+    kwargs: dict[str, Any] = dict(config.options)
+    kwargs["seq_ids"] = seq.to(device)
+    kwargs["aggregation"] = agg
+    if config.kind == "ipa":
+        if any(s.chunk_ids is None for s in samples):
+            raise ConfigError("the ipa loss needs chunk_ids on every sample")
+        chunks = torch.cat([torch.tensor(s.chunk_ids, dtype=torch.long) for s in samples])  # type: ignore[arg-type]
+        loss, metrics = losses.ipa_chunk_loss(lp, old, adv, mask, chunks.to(device), **kwargs)
+    else:
+        loss, metrics = _LOSSES[config.kind](lp, old, adv, mask, **kwargs)
+    return loss * weight, metrics

@@ -1,0 +1,68 @@
+"""One forward+backward over a packed batch: the shared inner loop of RL training, SFT and the benchmark.
+
+Gradients accumulate over micro-batches (the token budget); each micro-batch's loss carries its
+share of the batch, so the accumulated gradient is that of the whole batch's loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rollyard.core.sample import Sample
+from rollyard.train.attention import forward_logits, sample_logprobs
+from rollyard.train.objective import BatchTotals, LossConfig, micro_batch_loss
+from rollyard.train.packing import PackedBatch
+
+
+@dataclass
+class StepResult:
+    loss: float = 0.0  # this process's share of the batch loss
+    finite: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)  # token-weighted means over micro-batches
+    logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # detached, when kept
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    samples: Sequence[Sample],
+    packed: PackedBatch,
+    loss_config: LossConfig,
+    impl: str,
+    *,
+    totals: BatchTotals | None = None,
+    backward: bool = True,
+    keep_logprobs: bool = False,
+) -> StepResult:
+    """Run every micro-batch; ``totals`` defaults to this batch's (pass the global one under DP)."""
+    totals = totals or BatchTotals.of(samples)
+    result = StepResult()
+    weighted: dict[str, float] = {}
+    weight_sum = 0.0
+    for mb in packed.micro_batches:
+        logits = forward_logits(model, mb, impl)
+        lps, ents = sample_logprobs(logits, mb)
+        mb_samples = [samples[i] for i in mb.samples]
+        loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals)
+        if not torch.isfinite(loss):
+            result.finite = False
+        elif backward:
+            loss.backward()
+        result.loss += float(loss.detach())
+        tokens = float(sum(s.num_loss_tokens for s in mb_samples))
+        ent_sum = sum(
+            float(e[torch.tensor(s.loss_mask, dtype=torch.bool)].sum())
+            for s, e in zip(mb_samples, ents, strict=True)
+        )
+        metrics["entropy"] = ent_sum / max(tokens, 1.0)
+        for k, v in metrics.items():
+            weighted[k] = weighted.get(k, 0.0) + v * tokens
+        weight_sum += tokens
+        if keep_logprobs:
+            for i, lp in zip(mb.samples, lps, strict=True):
+                result.logprobs[i] = lp.detach()
+        del logits, lps, loss
+    result.metrics = {k: v / max(weight_sum, 1.0) for k, v in weighted.items() if k not in ("loss", "tokens")}
+    return result
