@@ -1,0 +1,106 @@
+"""Client mistakes get the dialect's error shape and a 4xx; engine trouble a 503 with Retry-After."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from .conftest import ADMIN, ScriptedBackend, new_program
+
+CHAT = "/v1/chat/completions"
+MSGS = "/v1/messages"
+
+
+def post(client: TestClient, path: str, key: str, body: object) -> tuple[int, dict]:
+    r = client.post(path, json=body, headers={"Authorization": f"Bearer {key}"})
+    return r.status_code, r.json()
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": "nope"}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, None),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, None),
+        ({"messages": []}, None),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, None),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, None),
+    ],
+)
+def test_openai_bad_requests_get_400_openai_errors(client: TestClient, body: dict, param: str | None) -> None:
+    key = new_program(client)["api_key"]
+    status, err = post(client, CHAT, key, body)
+    assert status == 400
+    assert set(err["error"]) == {"message", "type", "param", "code"}
+    assert err["error"]["type"] == "invalid_request_error"
+    if param:
+        assert err["error"]["param"] == param
+
+
+def test_malformed_json_gets_400_not_500(client: TestClient) -> None:
+    key = new_program(client)["api_key"]
+    r = client.post(
+        CHAT,
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_anthropic_errors_use_the_anthropic_shape(client: TestClient) -> None:
+    status, err = post(
+        client, MSGS, "wrong-key", {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    )
+    assert status == 401
+    assert err["type"] == "error" and err["error"]["type"] == "authentication_error"
+    key = new_program(client)["api_key"]
+    status, err = post(client, MSGS, key, {"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]})
+    assert status == 400 and err["error"]["type"] == "invalid_request_error"
+
+
+def test_prompt_over_the_context_limit_is_400_context_length_exceeded(client: TestClient) -> None:
+    key = new_program(client, context_limit=20)["api_key"]
+    status, err = post(client, CHAT, key, {"messages": [{"role": "user", "content": "word " * 50}]})
+    assert status == 400 and err["error"]["code"] == "context_length_exceeded"
+
+
+def test_unknown_key_is_401_and_finished_program_is_409(client: TestClient) -> None:
+    status, err = post(client, CHAT, "ry-nobody", {"messages": [{"role": "user", "content": "x"}]})
+    assert status == 401 and err["error"]["type"] == "authentication_error"
+    prog = new_program(client)
+    r = client.post(
+        f"/programs/{prog['id']}/finish", json={"status": "success"}, headers={"x-api-key": ADMIN}
+    )
+    assert r.status_code == 200 and r.json()["state"] == "finished"
+    status, err = post(client, CHAT, prog["api_key"], {"messages": [{"role": "user", "content": "x"}]})
+    assert status == 409
+
+
+def test_dead_engine_answers_503_with_retry_after(client: TestClient, engine: ScriptedBackend) -> None:
+    key = new_program(client)["api_key"]
+    engine.down = True
+    r = client.post(CHAT, json={"messages": [{"role": "user", "content": "x"}]}, headers={"x-api-key": key})
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "engine_unavailable"
+
+
+def test_admin_endpoints_refuse_program_keys_and_missing_tokens(client: TestClient) -> None:
+    prog = new_program(client)
+    assert client.post("/programs", json={}).status_code == 401
+    assert client.post("/programs", json={}, headers={"x-api-key": prog["api_key"]}).status_code == 401
+    other = new_program(client)
+    r = client.get(f"/programs/{other['id']}/trajectory", headers={"x-api-key": prog["api_key"]})
+    assert r.status_code == 403
+    listing = client.get("/programs", headers={"x-api-key": ADMIN}).json()["data"]
+    assert listing and all("api_key" not in p for p in listing)
+
+
+def test_health_models_and_metrics_answer(client: TestClient, engine: ScriptedBackend) -> None:
+    key = new_program(client)["api_key"]
+    client.post(CHAT, json={"messages": [{"role": "user", "content": "x"}]}, headers={"x-api-key": key})
+    assert client.get("/health").json()["status"] == "ok"
+    assert client.get("/v1/models", headers={"x-api-key": key}).json()["data"][0]["id"] == "tiny"
+    text = client.get("/metrics").text
+    assert 'rollyard_gateway_requests_total{api="openai_chat",outcome="ok"} 1.0' in text
+    assert 'rollyard_gateway_programs{state="active"} 1.0' in text

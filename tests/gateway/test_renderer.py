@@ -1,0 +1,70 @@
+"""Renderer: fresh renders equal the chat template; extensions reuse ids; property tests."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollyard.engines import chat_template as ct
+from rollyard.gateway.renderer import ConversationState, Renderer, tools_key
+from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
+
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30)
+CALLS = st.lists(
+    st.builds(
+        ToolCall, st.sampled_from(["ls", "cat"]), st.dictionaries(st.sampled_from("abc"), TEXT, max_size=2)
+    ),
+    max_size=2,
+)
+MESSAGE = st.one_of(
+    st.builds(Message, st.sampled_from(["system", "user", "tool"]), TEXT),
+    st.builds(lambda c, calls: Message("assistant", c, tuple(calls)), TEXT, CALLS),
+)
+TOOLS = st.lists(st.builds(Tool, st.sampled_from(["ls", "cat"]), TEXT), max_size=2)
+
+
+@given(msgs=st.lists(MESSAGE, min_size=1, max_size=5), tools=TOOLS)
+def test_fresh_render_equals_tokenizing_the_whole_template(
+    tok, msgs: list[Message], tools: list[Tool]
+) -> None:
+    r = Renderer(tok)
+    req = ChatRequest(messages=msgs, tools=tools)
+    text = ct.render_conversation([m.to_template() for m in msgs], [t.to_template() for t in tools] or None)
+    assert r.render_fresh(req) == tok.encode(text)
+
+
+@given(history=st.lists(MESSAGE, min_size=1, max_size=4), new=st.lists(MESSAGE, min_size=1, max_size=3))
+def test_an_extension_keeps_the_previous_ids_verbatim(
+    tok, history: list[Message], new: list[Message]
+) -> None:
+    r = Renderer(tok)
+    prompt = r.render_fresh(ChatRequest(messages=history))
+    completion = [5, 6, 7, tok.eos_id]  # arbitrary ids: reuse must not re-tokenize them
+    returned = Message("assistant", "hello", (ToolCall("ls", {"a": "1"}, "id1"),))
+    state = ConversationState(history, tools_key([]), returned, prompt, completion)
+    echoed = Message("assistant", " hello ", (ToolCall("ls", '{"a":  "1"}', "other"),))
+    plan = r.render(ChatRequest(messages=[*history, echoed, *new]), state)
+    assert plan.extends and plan.prompt_ids[: len(prompt) + 4] == prompt + completion
+    assert plan.reused_tokens == len(prompt) + 4
+
+
+def test_changed_tools_or_edited_answer_is_a_rewrite(tok) -> None:
+    r = Renderer(tok)
+    hist = [Message("user", "q")]
+    returned = Message("assistant", "a")
+    state = ConversationState(
+        hist, tools_key([]), returned, r.render_fresh(ChatRequest(hist)), [9, tok.eos_id]
+    )
+    more = [Message("user", "more")]
+    tools_changed = r.render(ChatRequest([*hist, returned, *more], tools=[Tool("ls")]), state)
+    edited = r.render(ChatRequest([*hist, Message("assistant", "b"), *more]), state)
+    same = r.render(ChatRequest([*hist, returned, *more]), state)
+    assert tools_changed.rewrite_reason == "tools_changed" and not tools_changed.extends
+    assert edited.rewrite_reason == "assistant_message_edited"
+    assert same.extends
+
+
+def test_conversation_state_survives_json(tok) -> None:
+    m = Message("assistant", "x", (ToolCall("ls", {"a": 1}, "c"),), "think")
+    s = ConversationState([Message("user", "q")], "[]", m, [1, 2], [3], 4, 1, "resp_x")
+    assert ConversationState.from_json(s.to_json()) == s
