@@ -1,0 +1,50 @@
+"""``rollyard gateway`` (serve) and ``rollyard export`` (journal to Parquet)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rollyard.cli import app
+
+
+@app.command("gateway")
+def gateway(
+    engine: list[str] = typer.Option(..., help="engine base URL (repeat for several)"),
+    port: int = typer.Option(8800, help="port to listen on"),
+    host: str = typer.Option("127.0.0.1", help="address to bind"),
+    model_dir: Path | None = typer.Option(None, help="model dir (tokenizer); default: ask the engine"),
+    model_name: str | None = typer.Option(None, help="model name to advertise"),
+    state_dir: Path = typer.Option(Path("runs/gateway"), help="journal and admin-token directory"),
+    admin_token: str | None = typer.Option(None, envvar="ROLLYARD_ADMIN_TOKEN", help="admin token"),
+    strict_model: bool = typer.Option(False, help="reject requests naming another model"),
+    capacity: int = typer.Option(256, help="concurrent requests sent to each engine"),
+) -> None:
+    """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
+    from rollyard.gateway.serve import serve
+
+    serve(
+        engine,
+        model_dir=model_dir,
+        model_name=model_name,
+        host=host,
+        port=port,
+        state_dir=state_dir,
+        admin_token=admin_token,
+        strict_model=strict_model,
+        capacity=capacity,
+    )
+
+
+@app.command("export")
+def export(
+    out: Path = typer.Option(..., help="output .parquet file"),
+    group: str | None = typer.Option(None, help="group id (default: every program)"),
+    journal: Path = typer.Option(Path("runs/gateway/journal.db"), help="gateway journal"),
+) -> None:
+    """Export recorded trajectories from the gateway journal to Parquet."""
+    from rollyard.gateway.serve import export_group
+
+    n = export_group(journal, group, out)
+    typer.echo(f"wrote {n} trajectories to {out}")
