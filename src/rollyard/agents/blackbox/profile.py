@@ -1,0 +1,93 @@
+"""Runner profiles: how to point one family of CLI agents at its program, as YAML data.
+
+Templates use ``{base_url}`` (``http://127.0.0.1:PORT/v1``), ``{origin}`` (without ``/v1``),
+``{api_key}``, ``{model}``, ``{task}``, ``{task_file}``, ``{agent_dir}`` and ``{examples}`` (the
+shipped example agents). Any other ``{...}`` is left as written, so JSON config templates work.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from importlib import resources
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollyard.core.errors import ConfigError
+
+_VARS = ("base_url", "origin", "api_key", "model", "task", "task_file", "agent_dir", "examples")
+_GLOB = re.compile(r"^[A-Za-z0-9_.*?/\[\]-]+$")  # no spaces or shell metacharacters
+_TEMPLATE = re.compile(r"\{(" + "|".join(_VARS) + r")\}")
+AGENT_DIR = ".rollyard_agent"
+
+
+class TaskInput(StrEnum):
+    ARG = "arg"  # the command's templates use {task}
+    STDIN = "stdin"
+    FILE = "file"  # written to {task_file}
+
+
+class OutputSource(StrEnum):
+    STDOUT = "stdout"
+    FILE = "file"
+
+
+class RunnerProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)  # workspace-relative path -> template
+    task_input: TaskInput = TaskInput.STDIN
+    output: OutputSource = OutputSource.STDOUT
+    output_file: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+    hygiene: list[str] = Field(default_factory=list)  # globs removed after the run
+
+    @field_validator("files", "hygiene", mode="after")
+    @classmethod
+    def _relative(cls, v: dict[str, str] | list[str]) -> dict[str, str] | list[str]:
+        for p in v:
+            if p.startswith("/") or ".." in Path(p).parts or not _GLOB.match(p):
+                raise ValueError(f"{p!r} must be a plain relative path or glob inside the workspace")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunnerProfile:
+        if self.output is OutputSource.FILE and not self.output_file:
+            raise ValueError("output: file needs output_file")
+        if self.task_input is TaskInput.ARG and not any("{task}" in c for c in self.command):
+            raise ValueError("task_input: arg needs {task} in the command")
+        return self
+
+
+def render(template: str, values: dict[str, str]) -> str:
+    """Substitute the known ``{name}`` placeholders; leave every other brace alone."""
+    return _TEMPLATE.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def shipped_profiles() -> list[str]:
+    root = resources.files("rollyard.agents") / "profiles"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> RunnerProfile:
+    """A shipped profile by name (``openai``, ``anthropic``, ``litellm``) or a YAML file path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        shipped = resources.files("rollyard.agents") / "profiles" / f"{name_or_path}.yaml"
+        if not shipped.is_file():
+            known = ", ".join(shipped_profiles())
+            raise ConfigError(f"no runner profile {str(name_or_path)!r} (a file, or one of: {known})")
+        text = shipped.read_text()
+    else:
+        text = path.read_text()
+    try:
+        raw = yaml.safe_load(text)
+        return RunnerProfile.model_validate(raw)
+    except (yaml.YAMLError, ValidationError, ValueError) as e:
+        raise ConfigError(f"runner profile {str(name_or_path)!r} is invalid: {e}") from e

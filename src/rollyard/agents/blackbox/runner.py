@@ -1,0 +1,145 @@
+"""Run an unmodified CLI agent inside a sandbox, pointed at its program's endpoint.
+
+The gateway's unix socket directory is bound into the sandbox; a shipped forwarder listens on
+the sandbox's own loopback and relays to that socket, so the agent's only reachable address is
+``http://127.0.0.1:PORT``. The host's Python is bound read-only so Python agents and the
+forwarder run. After the run, the runner's files and the profile's declared artefacts are
+removed from the workspace (hygiene) before it is evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+import sys
+import sysconfig
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from rollyard.core.errors import ConfigError, SandboxError
+from rollyard.sandbox.base import Sandbox, SandboxSpec
+
+from . import forwarder
+from .profile import AGENT_DIR, OutputSource, RunnerProfile, TaskInput, render
+
+log = logging.getLogger(__name__)
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+FORWARDER = Path(forwarder.__file__).resolve()
+_TAIL = 4000
+
+
+class RunResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rc: int
+    timed_out: bool
+    output: str | None  # the agent's final output, per the profile
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+def free_port() -> int:
+    """A TCP port free on the host now (inside a network namespace every port is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _python_env(isolated: bool) -> tuple[list[tuple[Path, Path]], dict[str, str]]:
+    """Binds and env so ``python3`` in the sandbox sees this environment's packages (read-only)."""
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    if not isolated:
+        return [], {**env, "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
+    paths = sysconfig.get_paths()
+    site = sorted({Path(paths["purelib"]), Path(paths["platlib"])})
+    return [(p, p) for p in site], {**env, "PYTHONPATH": ":".join(map(str, site))}
+
+
+class BlackBoxRunner:
+    """One profile, one gateway socket; ``spec`` builds the sandbox, ``run`` runs the agent in it."""
+
+    def __init__(self, profile: RunnerProfile, socket_path: Path, *, isolated: bool = True) -> None:
+        self.profile = profile
+        self.socket_path = Path(socket_path)
+        self.isolated = isolated
+
+    def spec(self, base: SandboxSpec | None = None) -> SandboxSpec:
+        """``base`` plus the socket dir (read-write), the forwarder, examples and Python (read-only)."""
+        base = base or SandboxSpec()
+        binds, env = _python_env(self.isolated)
+        if not self.isolated:
+            return base.model_copy(update={"env": {**base.env, **env}})
+        ro = [*base.ro_binds, *binds, (FORWARDER.parent, FORWARDER.parent), (EXAMPLES_DIR, EXAMPLES_DIR)]
+        rw = [*base.rw_binds, (self.socket_path.parent, self.socket_path.parent)]
+        return base.model_copy(update={"env": {**base.env, **env}, "ro_binds": ro, "rw_binds": rw})
+
+    def _script(self, command: list[str], port: int) -> str:
+        p = self.profile
+        stdin = f" < {AGENT_DIR}/task.txt" if p.task_input is TaskInput.STDIN else " < /dev/null"
+        fwd = shlex.join(["python3", str(FORWARDER), "--port", str(port), "--socket", str(self.socket_path)])
+        return "\n".join(
+            [
+                f"{fwd} --ready {AGENT_DIR}/fwd.ready > {AGENT_DIR}/fwd.log 2>&1 &",
+                "FWD=$!",
+                f"for i in $(seq 1 200); do [ -s {AGENT_DIR}/fwd.ready ] && break; sleep 0.05; done",
+                f"[ -s {AGENT_DIR}/fwd.ready ] || {{ echo 'forwarder did not start' >&2; exit 125; }}",
+                shlex.join(command) + stdin,
+                "rc=$?",
+                "kill $FWD 2>/dev/null",
+                "exit $rc",
+            ]
+        )
+
+    async def run(self, sandbox: Sandbox, *, task: str, api_key: str, model: str) -> RunResult:
+        """Run the agent on ``task`` with the program's key; never raises for agent failures."""
+        if not self.socket_path.exists():
+            raise ConfigError(f"gateway socket {self.socket_path} does not exist")
+        p = self.profile
+        port = free_port()
+        values = {
+            "base_url": f"http://127.0.0.1:{port}/v1",
+            "origin": f"http://127.0.0.1:{port}",
+            "api_key": api_key,
+            "model": model,
+            "task": task,
+            "task_file": f"{AGENT_DIR}/task.txt",
+            "agent_dir": AGENT_DIR,
+            "examples": str(EXAMPLES_DIR),
+        }
+        await sandbox.write(f"{AGENT_DIR}/task.txt", task)
+        for rel, template in p.files.items():
+            await sandbox.write(rel, render(template, values))
+        env = {k: render(v, values) for k, v in p.env.items()}
+        command = [render(c, values) for c in p.command]
+        try:
+            res = await sandbox.exec(self._script(command, port), timeout=p.timeout_s, env=env)
+            output: str | None = res.stdout.strip()
+            if p.output is OutputSource.FILE:
+                try:
+                    output = (await sandbox.read(p.output_file or "")).decode(errors="replace").strip()
+                except (SandboxError, OSError, FileNotFoundError):
+                    output = None
+        finally:
+            await self._clean(sandbox)
+        log.info("blackbox profile=%s rc=%s timed_out=%s", p.name, res.rc, res.timed_out)
+        return RunResult(
+            rc=res.rc,
+            timed_out=res.timed_out,
+            output=output,
+            stdout=res.stdout[-_TAIL:],
+            stderr=res.stderr[-_TAIL:],
+            duration_s=res.duration_s,
+        )
+
+    async def _clean(self, sandbox: Sandbox) -> None:
+        """Remove the runner's own files and the profile's declared artefacts (validated globs)."""
+        globs = [AGENT_DIR, *self.profile.files, *self.profile.hygiene]
+        res = await sandbox.exec(
+            "shopt -s globstar nullglob dotglob; rm -rf -- " + " ".join(globs), timeout=30
+        )
+        if res.rc != 0:
+            log.warning("blackbox hygiene failed sandbox=%s stderr=%s", sandbox.id, res.stderr[-200:])
