@@ -1,0 +1,78 @@
+"""A dedicated, unprivileged host uid per live sandbox.
+
+Why: the kernel does not enforce RLIMIT_NPROC for host root, and a user namespace created by root
+maps its users back to root. Running each sandbox's bwrap as its own unused uid makes the process
+limit real (and per sandbox), keeps host files owned by root out of reach, and turns "did the
+sandbox leak a process?" into "does any process of this uid remain?". Uids are leased with an
+``flock`` on a lock file, so several rollyard processes on one host never share one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+from pathlib import Path
+
+from rollyard.core.errors import SandboxError
+
+
+class UidLease:
+    def __init__(self, uid: int, fd: int, path: Path) -> None:
+        self.uid = uid
+        self._fd = fd
+        self._path = path
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self._path)
+            os.close(self._fd)
+            self._fd = -1
+
+
+class UidAllocator:
+    def __init__(self, lock_dir: Path, first: int = 1_500_000, count: int = 100_000) -> None:
+        if first < 1000 or count < 1 or first + count > 2**32 - 2:
+            raise SandboxError(f"bad uid range {first}+{count}")
+        self.lock_dir = lock_dir
+        self.first, self.count = first, count
+        lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._next = random.randrange(count)
+
+    def lease(self) -> UidLease:
+        for _ in range(self.count):
+            uid = self.first + self._next
+            self._next = (self._next + 1) % self.count
+            path = self.lock_dir / f"{uid}.lock"
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if processes_of(uid):  # a stale process of a crashed run: leave that uid alone
+                os.close(fd)
+                continue
+            return UidLease(uid, fd, path)
+        raise SandboxError("no free sandbox uid left in the configured range")
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live (non-zombie) pids whose real uid is ``uid``, host view. Reads ``status``, because
+    /proc/PID of a non-dumpable process is owned by root whatever its uid. Zombies are skipped:
+    they hold nothing, and bwrap's pid 1 is reparented to the host's init, which reaps it."""
+    want = f"Uid:\t{uid}\t".encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                head = f.read(1024)
+        except OSError:
+            continue
+        if want in head and b"State:\tZ" not in head:
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,276 @@
+"""The default provider: Debian bubblewrap namespaces around a per-sandbox host directory.
+
+Each ``exec`` is one bwrap run: new user, pid, ipc, uts, cgroup, mount and network namespaces, a
+read-only /usr, a minimal generated /etc, and the sandbox's own workspace, /tmp and home bound
+read-write. Because every exec gets a fresh pid namespace, nothing a command starts outlives it.
+When the host user is root, bwrap itself runs as a leased unprivileged uid (see ``_uids``) under
+``prlimit``, so the process, memory, CPU and file-size limits bind even for root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from rollyard.core.errors import SandboxError
+from rollyard.core.ids import new_id
+from rollyard.sandbox import _fs
+from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
+from rollyard.sandbox._proc import run_capped
+from rollyard.sandbox._uids import UidAllocator, UidLease, processes_of
+from rollyard.sandbox.base import ExecResult, SandboxSpec
+
+log = logging.getLogger(__name__)
+
+INSIDE_UID = 1000
+HOME = "/home/sandbox"
+PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+# Host /etc entries a program needs to run; everything else in /etc (shadow, ssh keys, ...) is absent.
+ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "mime.types",
+    "ssl",
+    "ca-certificates",
+    "python3",
+    "python3.11",
+    "inputrc",
+)
+_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def default_root() -> Path:
+    return Path(tempfile.gettempdir()) / "rollyard-sandboxes"
+
+
+class BwrapSandbox(HostWorkspace):
+    def __init__(self, provider: BwrapProvider, spec: SandboxSpec, sid: str, lease: UidLease | None) -> None:
+        self.id = sid
+        self.spec = spec
+        self._provider = provider
+        self._lease = lease
+        self.uid = lease.uid if lease else os.getuid()  # host uid its processes run as
+        self._owner = (self.uid, self.uid) if lease else None
+        self.dir = provider.root / sid
+        self.workspace = self.dir / "ws"
+        self._closed = False
+        self._active = 0  # execs in flight
+        self.leaked = 0  # processes or files found after close(); 0 unless something is wrong
+        self._prefix = self._argv_prefix()
+
+    def _argv_prefix(self) -> list[str]:
+        lim, p = self.spec.limits, self._provider
+        mem = lim.memory_mb * 1024 * 1024
+        argv = [
+            "prlimit",
+            # bwrap's own two processes count against the uid's process limit too.
+            f"--nproc={lim.max_processes + 2}",
+            f"--as={mem}",
+            f"--cpu={lim.cpu_seconds}",
+            f"--fsize={lim.file_size_mb * 1024 * 1024}",
+            "--core=0",
+            "--",
+            p.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--uid",
+            str(INSIDE_UID),
+            "--gid",
+            str(INSIDE_UID),
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
+        if self.spec.network:
+            argv.append("--share-net")
+        for d in _SYSTEM_DIRS:
+            if os.path.islink(d):
+                argv += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                argv += ["--ro-bind", d, d]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--dir", "/etc"]
+        for name in ETC_ENTRIES:
+            if os.path.exists(f"/etc/{name}"):
+                argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        for name in ("passwd", "group", "hosts", "nsswitch.conf"):
+            argv += ["--ro-bind", str(p.etc_dir / name), f"/etc/{name}"]
+        if self.spec.network and os.path.exists("/etc/resolv.conf"):
+            argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+        argv += ["--bind", str(self.dir / "tmp"), "/tmp", "--bind", str(self.dir / "home"), HOME]
+        argv += ["--bind", str(self.workspace), self.spec.workdir]
+        for host, inside in self.spec.ro_binds:
+            argv += ["--ro-bind", str(host), str(inside)]
+        for host, inside in self.spec.rw_binds:
+            argv += ["--bind", str(host), str(inside)]
+        argv += ["--chdir", self.spec.workdir]
+        base_env = {"PATH": PATH, "HOME": HOME, "USER": "sandbox", "LANG": "C.UTF-8", "TERM": "dumb"}
+        for k, v in {**base_env, **self.spec.env}.items():
+            argv += ["--setenv", k, v]
+        return argv
+
+    async def exec(
+        self, cmd: str | list[str], *, timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult:
+        self._check_open()
+        command = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
+        if not command or not all(isinstance(c, str) and "\x00" not in c for c in command):
+            raise SandboxError("command must be a non-empty string or list of strings without NUL")
+        argv = list(self._prefix)
+        for k, v in check_env(env or {}).items():
+            argv += ["--setenv", k, v]
+        argv += ["--", *command]
+        limit = self.spec.limits.wall_seconds if timeout is None else timeout
+        if limit <= 0:
+            raise SandboxError(f"timeout must be positive, got {timeout}")
+        self._active += 1
+        try:
+            result = await run_capped(
+                argv,
+                timeout=limit,
+                output_bytes=self.spec.limits.output_bytes,
+                env={"PATH": PATH},
+                cwd="/",
+                user=self._lease.uid if self._lease else None,
+            )
+        finally:
+            self._active -= 1
+        if result.rc < 0 and self._lease is not None:
+            await asyncio.to_thread(self._settle)
+        if self._closed:
+            return result.model_copy(update={"rc": -9})
+        return result
+
+    def _settle(self, wait_s: float = 2.0) -> None:
+        """After a kill, wait until the killed pid namespace is really gone (the kernel tears it
+        down asynchronously), so a caller that counts processes sees none. When no other exec is
+        running, whatever still runs under this sandbox's uid is a leftover and is killed."""
+        deadline = time.monotonic() + wait_s
+        while pids := processes_of(self.uid):
+            if self._active == 0:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._teardown)
+
+    def _teardown(self) -> None:
+        if self._lease is not None:
+            for _ in range(20):  # every process of this uid is ours; a fork storm may need rounds
+                pids = processes_of(self.uid)
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            self.leaked = len(processes_of(self.uid))
+        _fs.remove_tree(self.dir)
+        self.leaked += int(self.dir.exists())
+        if self._lease is not None:
+            self._lease.release()
+        if self.leaked:
+            log.error("sandbox=%s leaked=%d", self.id, self.leaked)
+        else:
+            log.debug("sandbox=%s closed", self.id)
+
+
+class BwrapProvider:
+    """Creates ``BwrapSandbox``es under ``root`` (default: a folder in the system temp dir)."""
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        bwrap: str = "bwrap",
+        uid_first: int = 1_500_000,
+        uid_count: int = 100_000,
+        lock_dir: Path | None = None,
+    ) -> None:
+        found = shutil.which(bwrap)
+        if found is None:
+            raise SandboxError(f"{bwrap!r} not found; install it with `apt-get install -y bubblewrap`")
+        if shutil.which("prlimit") is None:
+            raise SandboxError("'prlimit' (util-linux) not found; it applies the sandbox limits")
+        self.bwrap = found
+        self.root = Path(root) if root is not None else default_root()
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)  # sandbox uids traverse it, nobody lists it
+        if os.geteuid() == 0:
+            for parent in self.root.resolve().parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise SandboxError(f"sandbox root {self.root}: {parent} is not searchable by others")
+        self.etc_dir = self.root / ".etc"
+        self._write_etc()
+        self._uids: UidAllocator | None = None
+        if os.geteuid() == 0:
+            locks = lock_dir or Path(tempfile.gettempdir()) / "rollyard-uid-locks"
+            self._uids = UidAllocator(locks, uid_first, uid_count)
+        else:
+            log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
+
+    def _write_etc(self) -> None:
+        self.etc_dir.mkdir(exist_ok=True)
+        os.chmod(self.etc_dir, 0o755)
+        files = {
+            "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{HOME}:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+            "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
+            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+            "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+        }
+        for name, text in files.items():
+            path = self.etc_dir / name
+            if not path.exists() or path.read_text() != text:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(text)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+
+    async def create(self, spec: SandboxSpec) -> BwrapSandbox:
+        check_spec(spec)
+        sid = new_id("sbx")
+        lease = self._uids.lease() if self._uids is not None else None
+        sandbox = BwrapSandbox(self, spec, sid, lease)
+        try:
+            await asyncio.to_thread(self._prepare, sandbox)
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    def _prepare(self, sb: BwrapSandbox) -> None:
+        sb.dir.mkdir(mode=0o711)
+        owner = sb._owner
+        for sub in ("ws", "tmp", "home"):
+            (sb.dir / sub).mkdir(mode=0o700)
+            if owner is not None:
+                os.chown(sb.dir / sub, *owner)
+        if sb.spec.base_dir is not None:
+            _fs.copy_tree(sb.spec.base_dir, sb.workspace, owner=owner)

@@ -1,0 +1,163 @@
+"""The bwrap provider's everyday behaviour: commands, files, limits, cleanup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rollyard.core.errors import InvalidRequest, SandboxError
+from rollyard.sandbox import Limits, SandboxSpec
+from rollyard.sandbox._uids import processes_of
+from rollyard.sandbox.bwrap import BwrapProvider
+
+
+async def test_exec_runs_a_shell_string_in_the_workspace_as_an_unprivileged_user(
+    provider: BwrapProvider,
+) -> None:
+    sb = await provider.create(SandboxSpec())
+    try:
+        r = await sb.exec("id -u; pwd; echo $HOME; exit 3")
+        assert r.rc == 3
+        assert r.stdout.split() == ["1000", "/workspace", "/home/sandbox"]
+        assert (sb.uid != 0 and os.geteuid() == 0) or sb.uid == os.getuid()
+    finally:
+        await sb.close()
+
+
+async def test_exec_passes_spec_and_call_environment_but_not_the_hosts(
+    provider: BwrapProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RY_HOST_SECRET", "hunter2")
+    sb = await provider.create(SandboxSpec(env={"A": "spec"}))
+    try:
+        r = await sb.exec(["sh", "-c", 'echo "$A $B ${RY_HOST_SECRET:-unset}"'], env={"B": "call"})
+        assert r.stdout.strip() == "spec call unset"
+    finally:
+        await sb.close()
+
+
+async def test_files_written_by_the_host_are_visible_inside_and_vice_versa(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec())
+    try:
+        await sb.write("src/a.txt", "from host")
+        r = await sb.exec("cat src/a.txt; echo -n inside > out.txt")
+        assert r.stdout == "from host"
+        assert await sb.read("out.txt") == b"inside"
+        snap = await sb.snapshot()
+        assert set(snap) == {"src/a.txt", "out.txt"}
+        await sb.write("out.txt", "changed")
+        assert (await sb.snapshot())["out.txt"] != snap["out.txt"]
+    finally:
+        await sb.close()
+
+
+async def test_workspace_is_copied_from_base_dir_and_upload_adds_a_tree(
+    provider: BwrapProvider, tmp_path: Path
+) -> None:
+    base = tmp_path / "base"
+    (base / "pkg").mkdir(parents=True)
+    (base / "pkg" / "mod.py").write_text("X = 1\n")
+    (base / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    os.chmod(base / "run.sh", 0o755)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "t.txt").write_text("added")
+    a = await provider.create(SandboxSpec(base_dir=base))
+    b = await provider.create(SandboxSpec(base_dir=base))
+    try:
+        await a.upload(extra, "more")
+        r = await a.exec("./run.sh && cat pkg/mod.py more/t.txt && echo y > pkg/mod.py")
+        assert r.stdout == "ran\nX = 1\nadded"
+        assert (await b.read("pkg/mod.py")) == b"X = 1\n"  # sandboxes of one base are independent
+        assert (base / "pkg" / "mod.py").read_text() == "X = 1\n"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_tmp_and_home_persist_across_execs_of_one_sandbox_only(provider: BwrapProvider) -> None:
+    a = await provider.create(SandboxSpec())
+    b = await provider.create(SandboxSpec())
+    try:
+        await a.exec("echo 1 > /tmp/t && echo 2 > ~/h")
+        assert (await a.exec("cat /tmp/t ~/h")).stdout == "1\n2\n"
+        assert (await b.exec("cat /tmp/t")).rc != 0
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_close_removes_every_file_and_process_and_is_idempotent(
+    provider: BwrapProvider, sandbox_root: Path
+) -> None:
+    before = sorted(p.name for p in sandbox_root.iterdir())
+    sb = await provider.create(SandboxSpec())
+    await sb.exec("echo x > f; mkdir -p d/e; chmod 000 d")
+    assert sorted(p.name for p in sandbox_root.iterdir()) != before
+    await sb.close()
+    await sb.close()
+    assert sorted(p.name for p in sandbox_root.iterdir()) == before
+    assert sb.leaked == 0 and processes_of(sb.uid) == []
+    with pytest.raises(SandboxError):
+        await sb.exec("true")
+
+
+async def test_output_is_capped_per_stream_and_flagged(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec(limits=Limits(output_bytes=1000)))
+    try:
+        r = await sb.exec("head -c 5000 /dev/zero | tr '\\0' a; echo err >&2")
+        assert r.rc == 0 and r.truncated
+        assert len(r.stdout) == 1000 and r.stderr == "err\n"
+    finally:
+        await sb.close()
+
+
+async def test_a_shared_network_reaches_host_loopback_only_when_asked(provider: BwrapProvider) -> None:
+    import asyncio
+
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
+    on = await provider.create(SandboxSpec(network=True))
+    off = await provider.create(SandboxSpec())
+    try:
+        assert (await on.exec(probe, timeout=5)).stdout.strip() == "connected"
+        assert (await off.exec(probe, timeout=5)).rc != 0
+    finally:
+        server.close()
+        await on.close()
+        await off.close()
+
+
+async def test_bad_specs_and_arguments_get_clear_errors(provider: BwrapProvider, tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match="base_dir"):
+        await provider.create(SandboxSpec(base_dir=tmp_path / "missing"))
+    with pytest.raises(SandboxError, match="ro_binds"):
+        await provider.create(SandboxSpec(ro_binds=[(tmp_path / "nope", Path("/x"))]))
+    with pytest.raises(InvalidRequest, match="absolute"):
+        await provider.create(SandboxSpec(rw_binds=[(tmp_path, Path("rel"))]))
+    with pytest.raises(InvalidRequest, match="variable name"):
+        await provider.create(SandboxSpec(env={"A=B": "x"}))
+    sb = await provider.create(SandboxSpec())
+    try:
+        with pytest.raises(InvalidRequest):
+            await sb.exec("true", env={"BAD NAME": "1"})
+        with pytest.raises(SandboxError, match="timeout"):
+            await sb.exec("true", timeout=0)
+        with pytest.raises(SandboxError):
+            await sb.exec([])
+        with pytest.raises(InvalidRequest):
+            await sb.read("../../etc/passwd")
+        with pytest.raises(InvalidRequest):
+            await sb.write("/etc/passwd", "x")
+        with pytest.raises(SandboxError, match="no such file"):
+            await sb.read("missing.txt")
+    finally:
+        await sb.close()
+
+
+def test_a_missing_bwrap_binary_is_a_clear_error(sandbox_root: Path) -> None:
+    with pytest.raises(SandboxError, match="not found"):
+        BwrapProvider(sandbox_root, bwrap="bwrap-does-not-exist")
