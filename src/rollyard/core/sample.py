@@ -53,9 +53,7 @@ class Sample(BaseModel):
         return sum(self.loss_mask)
 
     @classmethod
-    def from_segment(
-        cls, segment: Segment, advantage: float | list[float] = 0.0, **fields: object
-    ) -> Sample:
+    def from_segment(cls, segment: Segment, advantage: float | list[float] = 0.0, **fields: object) -> Sample:
         """One sample per segment: prompt and observations masked, completions trained."""
         ids, mask, lps = segment.flatten()
         adv = [float(advantage)] * len(ids) if isinstance(advantage, int | float) else list(advantage)

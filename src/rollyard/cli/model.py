@@ -1,0 +1,26 @@
+"""``rollyard model init``: create the tiny local model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rollyard.cli import app
+
+model_app = typer.Typer(help="Create and inspect local models.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("init")
+def init(
+    out_dir: Path = typer.Argument(..., help="directory to create"),
+    seed: int = typer.Option(0, help="seed for the tokenizer corpus and the random weights"),
+    size: str = typer.Option("tiny", help="tiny (~3.5M params) or small (~26M)"),
+    overwrite: bool = typer.Option(False, help="replace an existing directory"),
+) -> None:
+    """Train a byte-level BPE tokenizer with a tool-call chat template and save a random Llama model."""
+    from rollyard.engines.tiny_model import create_model
+
+    path = create_model(out_dir, seed=seed, size=size, overwrite=overwrite)
+    typer.echo(str(path))

@@ -1,0 +1,218 @@
+"""Start and stop a local vLLM server with the settings that work on a laptop CPU.
+
+The server runs in its own process group, so stopping it (or the test session ending)
+takes down its engine-core workers too; its output goes to a log file whose tail is
+quoted in any start-up error.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from rollyard.core.errors import ConfigError, EngineStartError
+from rollyard.engines.tiny_model import check_model_dir
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_SIZE = 64  # the CPU attention kernels reject 16
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def has_cuda_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
+
+
+class VLLMServer:
+    """A local vLLM OpenAI-compatible server; also a context manager.
+
+    ``kv_tokens`` caps the KV cache (via a block-count override) so KV pressure is
+    reproducible on a laptop. ``cpu_threads`` pins the engine's OpenMP threads.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        kv_tokens: int | None = None,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        served_name: str | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 300.0,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        extra_args: list[str] | None = None,
+        cpu_threads: str | None = None,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.host = host
+        self.port = port
+        self.kv_tokens = kv_tokens
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.served_name = served_name or self.model_dir.name
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout_s = startup_timeout_s
+        self.block_size = block_size
+        self.extra_args = list(extra_args or [])
+        self.cpu_threads = cpu_threads
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        args = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.served_name,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len),
+            "--enable-prefix-caching",
+            "--block-size", str(self.block_size),
+            "--max-logprobs", "20",
+        ]  # fmt: skip
+        if not has_cuda_gpu():
+            args.append("--enforce-eager")  # ~35 s start on CPU instead of ~100 s with torch.compile
+        if self.kv_tokens is not None:
+            if self.kv_tokens <= self.max_model_len:
+                raise ConfigError(
+                    f"kv_tokens={self.kv_tokens} must exceed max_model_len={self.max_model_len} "
+                    "(vLLM needs room for one full-length request)"
+                )
+            blocks = math.ceil(self.kv_tokens / self.block_size)
+            args += ["--num-gpu-blocks-override", str(blocks)]
+        return args + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc (weight reload)
+            VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        )
+        if not has_cuda_gpu():
+            cpus = os.cpu_count() or 1
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads or f"0-{max(0, cpus - 1)}")
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        return env
+
+    def start(self) -> VLLMServer:
+        check_model_dir(self.model_dir)
+        if self.port is None:
+            self.port = free_port()
+        elif port_in_use(self.port, self.host):
+            raise EngineStartError(f"port {self.port} is already in use")
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="rollyard-vllm-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.environment(),
+                start_new_session=True,  # its own process group: we stop all of it
+            )
+        atexit.register(self.stop)
+        log.info("vllm starting pid=%d url=%s log=%s", self.proc.pid, self.url, self.log_path)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _log_tail(self, n: int = 15) -> str:
+        try:
+            lines = Path(self.log_path or "").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise EngineStartError(
+                    f"vLLM exited with code {rc} during start-up (log {self.log_path}):\n{self._log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise EngineStartError(
+            f"vLLM did not become healthy within {self.startup_timeout_s:.0f} s (log {self.log_path}):\n"
+            f"{self._log_tail()}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (crash simulation)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        # Workers may outlive the leader for a moment; make sure the group is gone.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        log.info("vllm stopped url=%s", self.url)
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,237 @@
+"""``VLLMBackend``: the Backend protocol over vLLM's OpenAI-compatible HTTP server.
+
+Prompts go in as token ids (``/v1/completions`` with a list prompt) and come back as token
+ids with per-token logprobs (``return_token_ids``), so nothing is ever re-tokenized. Control
+endpoints (pause, weight reload, prefix-cache reset) need the server in dev mode
+(``VLLM_SERVER_DEV_MODE=1``), which the launcher sets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.sampling import SamplingParams
+from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import Completion, CompletionDelta, EngineStats
+from rollyard.engines.metrics import parse_vllm_metrics
+
+log = logging.getLogger(__name__)
+
+_NETWORK_ERRORS = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
+
+
+def _finish(reason: str | None) -> FinishReason:
+    if reason == "length":
+        return FinishReason.LENGTH
+    if reason in ("stop", None):
+        return FinishReason.STOP
+    return FinishReason.ABORT
+
+
+def _logprob(entry: Any) -> float:
+    # vLLM reports -inf for impossible tokens under constraints; keep the record finite.
+    v = float(entry) if entry is not None else 0.0
+    return v if math.isfinite(v) else -1e4
+
+
+class VLLMBackend:
+    """One vLLM server. ``policy_version`` is the version of the last weights we loaded."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        model: str | None = None,
+        max_model_len: int | None = None,
+        timeout_s: float = 600.0,
+        policy_version: int = 0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.name = name or self.url
+        self._model = model
+        self.max_model_len = max_model_len or 0
+        self._version = policy_version
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256),
+        )
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    async def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self._client.request(method, path, **kw)
+        except _NETWORK_ERRORS as e:
+            raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}: {e}") from e
+        except httpx.TimeoutException as e:
+            raise EngineUnavailable(f"engine {self.name} timed out on {path}") from e
+        if resp.status_code >= 500:
+            raise EngineUnavailable(
+                f"engine {self.name} returned {resp.status_code} on {path}: {resp.text[:200]}"
+            )
+        if resp.status_code == 400:
+            self._raise_bad_request(resp)
+        if resp.status_code >= 300:
+            raise EngineError(f"engine {self.name} returned {resp.status_code} on {path}: {resp.text[:200]}")
+        return resp
+
+    def _raise_bad_request(self, resp: httpx.Response) -> None:
+        text = resp.text
+        if "maximum context length" in text or "max_model_len" in text or "context length" in text:
+            raise ContextLengthExceeded(
+                f"prompt does not fit the model context ({self.max_model_len} tokens)"
+            )
+        raise InvalidRequest(f"engine rejected the request: {text[:300]}")
+
+    async def model_name(self) -> str:
+        if self._model is None:
+            data = (await self._request("GET", "/v1/models")).json()
+            card = data["data"][0]
+            self._model = card["id"]
+            self.max_model_len = self.max_model_len or int(card.get("max_model_len") or 0)
+        return self._model
+
+    def _check_fits(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise InvalidRequest("empty prompt")
+        if self.max_model_len and len(prompt_ids) >= self.max_model_len:
+            raise ContextLengthExceeded(
+                f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_model_len}"
+            )
+
+    async def _body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> dict[str, Any]:
+        model = await self.model_name()  # also learns max_model_len
+        self._check_fits(prompt_ids, params)
+        max_tokens = params.max_tokens
+        if self.max_model_len:
+            max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids)))
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "logprobs": 0 if params.logprobs else None,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stream": stream,
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.regex:
+            body["structured_outputs"] = {"regex": params.regex}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        body = await self._body(prompt_ids, params, stream=False)
+        version = self._version
+        data = (await self._request("POST", "/v1/completions", json=body)).json()
+        choice = data["choices"][0]
+        ids = list(choice.get("token_ids") or [])
+        lps = self._logprobs(choice, len(ids))
+        usage = data.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Completion(
+            token_ids=ids,
+            logprobs=lps,
+            finish_reason=_finish(choice.get("finish_reason")),
+            prompt_tokens=len(prompt_ids),
+            policy_version=version,
+            engine=self.name,
+            cached_prompt_tokens=cached,
+        )
+
+    @staticmethod
+    def _logprobs(choice: dict[str, Any], n: int) -> list[float]:
+        lp = choice.get("logprobs") or {}
+        values = [_logprob(x) for x in (lp.get("token_logprobs") or [])]
+        if len(values) != n:
+            raise EngineError(f"engine returned {n} token ids but {len(values)} logprobs")
+        return values
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionDelta]:
+        body = await self._body(prompt_ids, params, stream=True)
+        version = self._version
+        try:
+            async with self._client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    if resp.status_code == 400:
+                        self._raise_bad_request(resp)
+                    raise EngineUnavailable(f"engine {self.name} returned {resp.status_code}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    data = json.loads(payload)
+                    for choice in data.get("choices") or []:
+                        ids = list(choice.get("token_ids") or [])
+                        reason = choice.get("finish_reason")
+                        if not ids and reason is None:
+                            continue
+                        yield CompletionDelta(
+                            token_ids=ids,
+                            logprobs=self._logprobs(choice, len(ids)),
+                            finish_reason=_finish(reason) if reason is not None else None,
+                            prompt_tokens=len(prompt_ids),
+                            policy_version=version,
+                        )
+        except _NETWORK_ERRORS as e:
+            raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
+        except httpx.TimeoutException as e:
+            raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
+
+    async def stats(self) -> EngineStats:
+        text = (await self._request("GET", "/metrics")).text
+        return parse_vllm_metrics(text)
+
+    async def health(self) -> bool:
+        try:
+            resp = await self._client.get("/health", timeout=5.0)
+        except (httpx.HTTPError, OSError):
+            return False
+        return resp.status_code == 200
+
+    async def pause(self) -> None:
+        await self._request("POST", "/pause", params={"mode": "keep"})
+
+    async def resume(self) -> None:
+        await self._request("POST", "/resume")
+
+    async def abort(self, request_ids: list[str] | None = None) -> None:
+        await self._request("POST", "/abort_requests", json={"request_ids": request_ids or []})
+
+    async def reset_prefix_cache(self) -> None:
+        await self._request("POST", "/reset_prefix_cache")
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """Swap weights in place from a safetensors dir; later turns carry ``version``."""
+        await self._request(
+            "POST",
+            "/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+        )
+        await self.reset_prefix_cache()  # cached KV was computed by the old weights
+        self._version = version
+        log.info("engine=%s loaded weights version=%d path=%s", self.name, version, path)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
