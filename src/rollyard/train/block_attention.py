@@ -27,7 +27,7 @@ IMPL_NAME = "rollyard_tree"
 class TreePlan:
     """For each query block: its range, the key columns it may see, and the mask over them."""
 
-    blocks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (qa, qb, key index, bool mask)
+    blocks: list[tuple[int, int, slice | torch.Tensor, torch.Tensor]]  # (qa, qb, keys, bool mask)
 
     @property
     def pairs(self) -> int:
@@ -43,9 +43,9 @@ def make_plan(mb: MicroBatch, device: torch.device, block: int = 256) -> TreePla
         cols = np.flatnonzero(end[:qb] > qa)
         rows = np.arange(qa, qb)
         allowed = (cols[None, :] <= rows[:, None]) & (rows[:, None] < end[cols][None, :])
-        blocks.append(
-            (qa, qb, torch.from_numpy(cols).to(device), torch.from_numpy(allowed).to(device)[None, None])
-        )
+        contiguous = cols.shape[0] == int(cols[-1]) - int(cols[0]) + 1
+        keys = slice(int(cols[0]), int(cols[-1]) + 1) if contiguous else torch.from_numpy(cols).to(device)
+        blocks.append((qa, qb, keys, torch.from_numpy(allowed).to(device)[None, None]))
     return TreePlan(blocks=blocks)
 
 
@@ -67,14 +67,13 @@ def tree_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    groups = query.shape[1] // key.shape[1]
+    gqa = query.shape[1] != key.shape[1]
     outs = []
-    for qa, qb, cols, allowed in tree_plan.blocks:
-        k = key.index_select(2, cols)
-        v = value.index_select(2, cols)
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+    for qa, qb, keys, allowed in tree_plan.blocks:
+        if isinstance(keys, slice):  # a contiguous key range (e.g. a prompt): a view, no copy
+            k, v = key[:, :, keys], value[:, :, keys]
+        else:
+            k, v = key.index_select(2, keys), value.index_select(2, keys)
         outs.append(
             torch.nn.functional.scaled_dot_product_attention(
                 query[:, :, qa:qb],
@@ -83,6 +82,7 @@ def tree_attention_forward(
                 attn_mask=allowed,
                 dropout_p=dropout if module.training else 0.0,
                 scale=scaling,
+                enable_gqa=gqa,
             )
         )
     out = torch.cat(outs, dim=2)
