@@ -1,0 +1,98 @@
+"""``rollyard bench sandbox``: create + exec ``true`` + destroy latency, bwrap vs the unisolated
+local baseline, and pool throughput with 32 concurrent programs on bwrap."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rollyard.bench._report import report
+from rollyard.sandbox import BwrapProvider, LocalProvider, SandboxPool, SandboxSpec
+from rollyard.sandbox.base import SandboxProvider
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int]:
+    times, leaks = [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sb = await provider.create(SandboxSpec())
+        r = await sb.exec(["true"])
+        await sb.close()
+        times.append((time.perf_counter() - t0) * 1000)
+        leaks += int(getattr(sb, "leaked", 0)) + int(r.rc != 0)
+    return times, leaks
+
+
+async def _pool_throughput(provider: BwrapProvider, programs: int, rounds: int) -> tuple[float, int]:
+    pool = SandboxPool(provider, ahead=8, reap_interval_s=0)
+    pool.register("bench", SandboxSpec())
+
+    async def program(i: int) -> None:
+        sb = await pool.acquire("bench", f"p{i}")
+        await sb.exec(["true"])
+        await pool.release(f"p{i}")
+
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        await asyncio.gather(*(program(r * programs + i) for i in range(programs)))
+    dt = time.perf_counter() - t0
+    await pool.close()
+    return programs * rounds / dt, pool.stats.leaks
+
+
+async def _run(quick: bool, root: Path) -> dict[str, Any]:
+    n = 30 if quick else 200
+    bwrap = BwrapProvider(root / "bwrap")
+    local = LocalProvider(root / "local", unsafe=True)
+    await _lifecycles(bwrap, 3)  # warm caches
+    b_times, b_leaks = await _lifecycles(bwrap, n)
+    l_times, l_leaks = await _lifecycles(local, n)
+    per_s, p_leaks = await _pool_throughput(bwrap, 32, 2 if quick else 5)
+    return {
+        "bwrap_ms": b_times,
+        "local_ms": l_times,
+        "pool_per_s": per_s,
+        "leaks": b_leaks + l_leaks + p_leaks,
+    }
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="ry-bench-sandbox-"))
+    os.chmod(root, 0o711)
+    try:
+        res = asyncio.run(_run(quick, root))
+        left = [p for p in root.rglob("*") if ".etc" not in p.parts and p.name not in ("bwrap", "local")]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    b, loc = res["bwrap_ms"], res["local_ms"]
+    summary = {
+        "p50_ms": _pct(b, 0.5),
+        "p99_ms": _pct(b, 0.99),
+        "lifecycles_per_s": res["pool_per_s"],
+        "leaks": res["leaks"] + len(left),
+    }
+    details = {
+        "bwrap": {
+            "p50_ms": _pct(b, 0.5),
+            "p99_ms": _pct(b, 0.99),
+            "mean_ms": statistics.fmean(b),
+            "n": len(b),
+        },
+        "local": {"p50_ms": _pct(loc, 0.5), "p99_ms": _pct(loc, 0.99), "mean_ms": statistics.fmean(loc)},
+        "bwrap_over_local_p50": _pct(b, 0.5) / _pct(loc, 0.5),
+        "pool": {"programs": 32, "lifecycles_per_s": res["pool_per_s"]},
+        "goal": "p50_ms <= 25, leaks == 0",
+        "load_avg": os.getloadavg(),
+    }
+    return report("sandbox", summary, details)
