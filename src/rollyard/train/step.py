@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rollyard.core.errors import TrainError
 from rollyard.core.sample import Sample
 from rollyard.train.attention import forward_logits, sample_logprobs
 from rollyard.train.objective import BatchTotals, LossConfig, micro_batch_loss
@@ -45,7 +46,14 @@ def forward_backward(
         logits = forward_logits(model, mb, impl)
         lps, ents = sample_logprobs(logits, mb)
         mb_samples = [samples[i] for i in mb.samples]
-        loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals)
+        nan = lps[0].new_full((), float("nan"))
+        if not all(bool(torch.isfinite(lp).all()) for lp in lps):  # the model, not the data, diverged
+            loss, metrics = nan, {}
+        else:
+            try:
+                loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals)
+            except TrainError:  # the rl losses refuse a non-finite loss; the step gets skipped
+                loss, metrics = nan, {}
         if not torch.isfinite(loss):
             result.finite = False
         elif backward:
@@ -53,7 +61,7 @@ def forward_backward(
         result.loss += float(loss.detach())
         tokens = float(sum(s.num_loss_tokens for s in mb_samples))
         ent_sum = sum(
-            float(e[torch.tensor(s.loss_mask, dtype=torch.bool)].sum())
+            float(e[torch.tensor(s.loss_mask, dtype=torch.bool, device=e.device)].sum())
             for s, e in zip(mb_samples, ents, strict=True)
         )
         metrics["entropy"] = ent_sum / max(tokens, 1.0)

@@ -1,0 +1,146 @@
+"""The training loop's one step: pack, forward, loss, backward, all-reduce, clip, AdamW, metrics.
+
+RL and SFT share this code path; only ``LossConfig.kind`` differs. A step whose loss or gradient
+is not finite changes no weight: it is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollyard.core.clock import Clock, SystemClock
+from rollyard.core.errors import DataError
+from rollyard.core.sample import Sample
+from rollyard.train.attention import choose_attention, set_attention
+from rollyard.train.checkpoint import load_checkpoint, save_checkpoint
+from rollyard.train.distributed import DataParallel
+from rollyard.train.objective import BatchTotals, LossConfig
+from rollyard.train.packing import pack_samples
+from rollyard.train.step import StepResult, forward_backward
+
+logger = logging.getLogger(__name__)
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    token_budget: int = Field(default=8192, ge=1)  # tokens per micro-batch (gradient accumulation)
+    max_tree_tokens: int = Field(default=8192, ge=2)  # longer trees are cut, ancestors recomputed
+    merge: bool = True  # prefix-tree merging; False trains every sample on its own
+    attention: str = "auto"
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+class Trainer:
+    """Owns the model's optimizer and step counters; ``train_step`` takes this rank's samples."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrainConfig,
+        *,
+        clock: Clock | None = None,
+        parallel: DataParallel | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.parallel = parallel or DataParallel.from_env()
+        device = next(model.parameters()).device
+        self.impl = choose_attention(device, config.attention)
+        set_attention(model, self.impl)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+        )
+        self.step = 0  # applied optimizer steps
+        self.skipped = 0  # steps skipped for a non-finite loss or gradient
+        self.parallel.broadcast_params(model)
+
+    def _check(self, samples: Sequence[Sample]) -> None:
+        vocab = int(getattr(self.model.config, "vocab_size", 0))  # type: ignore[union-attr]
+        for i, s in enumerate(samples):
+            if vocab and max(s.token_ids) >= vocab:
+                raise DataError(f"sample {i} has token id {max(s.token_ids)} >= vocab size {vocab}")
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step on this rank's share of the global batch; returns global metrics."""
+        self._check(samples)
+        live = [s for s in samples if s.num_loss_tokens > 0]
+        local = BatchTotals.of(live)
+        tokens, n_live, n_empty = self.parallel.sum_floats(
+            [float(local.tokens), float(local.live_samples), float(len(samples) - len(live))]
+        )
+        if tokens == 0:
+            raise DataError("the batch has no trained token (every loss mask is empty)")
+        totals = BatchTotals(tokens=int(tokens), live_samples=int(n_live))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        t0 = self.clock.now()
+        res, forwarded, unmerged = StepResult(), 0, 0
+        if live:
+            packed = pack_samples(
+                live,
+                token_budget=self.config.token_budget,
+                max_tree_tokens=self.config.max_tree_tokens,
+                max_context=getattr(self.model.config, "max_position_embeddings", None),  # type: ignore[union-attr]
+                merge=self.config.merge,
+            )
+            res = forward_backward(self.model, live, packed, self.config.loss, self.impl, totals=totals)
+            forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
+        self.parallel.sum_grads(self.params)
+        weight = float(local.tokens)
+        keys = ("entropy", "clip_frac", "approx_kl", "kl_ref")
+        sums = self.parallel.sum_floats(
+            [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged)]
+            + [res.metrics.get(k, 0.0) * weight for k in keys]
+        )
+        loss, nonfinite, forwarded_all, unmerged_all = sums[:4]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
+        skipped = nonfinite > 0 or not math.isfinite(loss) or not math.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped += 1
+            logger.warning("step skipped: non-finite loss=%s grad_norm=%s", loss, grad_norm)
+        else:
+            self.optimizer.step()
+            self.step += 1
+        seconds = max(self.clock.now() - t0, 1e-9)
+        metrics = {
+            "step": float(self.step),
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "skipped": float(skipped),
+            "skipped_total": float(self.skipped),
+            "trained_tokens": tokens,
+            "empty_samples": n_empty,
+            "tokens_per_s": forwarded_all / seconds,
+            "merged_unmerged_ratio": forwarded_all / max(unmerged_all, 1.0),
+            "seconds": seconds,
+        }
+        metrics.update({k: v / tokens for k, v in zip(keys, sums[4:], strict=True)})
+        metrics["kl"] = metrics.pop("approx_kl")
+        return metrics
+
+    def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Atomic checkpoint of everything a resumed run needs, plus the caller's ``extra_state``."""
+        meta = {"step": self.step, "skipped": self.skipped, "config": self.config.model_dump(mode="json")}
+        return save_checkpoint(path, self.model, self.optimizer, meta, extra_state)
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Resume from ``path``; returns the ``extra_state`` saved with it."""
+        meta, extra = load_checkpoint(path, self.model, self.optimizer)
+        self.step, self.skipped = int(meta["step"]), int(meta["skipped"])
+        return extra
