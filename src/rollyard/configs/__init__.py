@@ -1,0 +1,1 @@
+"""Embedded run configs: ``demo`` (the README's main job) and ``quick`` (tests, smoke runs)."""

@@ -1,0 +1,163 @@
+"""Programs and groups: register on the gateway, run (locally or on a Ray worker), fetch the
+trajectory from the journal, score the group, turn it into trainer samples.
+
+An engine that dies under a program is restarted and the program re-run under a new id (the
+broken attempt stays in the journal as terminated); a hung agent or crashed sandbox ends its
+program with that status and the group goes on without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rollyard.agents.loop import AgentConfig
+from rollyard.core.program import Program, ProgramState, SamplingPolicy
+from rollyard.core.sample import Sample
+from rollyard.core.trajectory import Trajectory
+from rollyard.rl.advantages import group_samples
+from rollyard.rl.rewards import score_group, with_rewards
+from rollyard.rollout.config import Config
+from rollyard.rollout.episode import EpisodeResult, act_and_evaluate
+from rollyard.rollout.services import Services
+from rollyard.tasks.model import Task
+from rollyard.tasks.sandboxing import remove_artefacts, sandbox_spec
+
+log = logging.getLogger(__name__)
+
+_CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded"}
+
+
+class ProgramRunner(Protocol):
+    """Runs one registered program's agent and evaluation somewhere; local or Ray."""
+
+    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult: ...
+
+
+class LocalRunner:
+    """Agents in this process, sandboxes from the run's pool."""
+
+    def __init__(self, svc: Services, timeout_s: float) -> None:
+        self.svc = svc
+        self.timeout_s = timeout_s
+        self._registered: set[str] = set()
+
+    def _register(self, task: Task) -> None:
+        if task.id in self._registered:
+            return
+        if task.setup_script is not None:
+            from rollyard.core.errors import TaskError
+
+            raise TaskError(f"task {task.id}: setup scripts are not supported by the rollout pool yet")
+        spec = sandbox_spec(task, self.svc.provider)
+        globs = list(task.spec.hygiene_artefacts)
+        self.svc.pool.register(task.id, spec, prepare=lambda sb: remove_artefacts(sb, globs), ahead=0)
+        self._registered.add(task.id)
+
+    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult:
+        self._register(task)
+        sb = await self.svc.pool.acquire(task.id, program.id)
+        try:
+            return await act_and_evaluate(
+                task,
+                sb,
+                self.svc.provider,
+                base_url=base_url,
+                api_key=program.api_key,
+                agent=agent,
+                timeout_s=self.timeout_s,
+            )
+        finally:
+            await self.svc.pool.release(program.id)
+
+
+def agent_config(cfg: Config) -> AgentConfig:
+    a = cfg.agent
+    return AgentConfig(
+        max_turns=a.max_turns,
+        tool_timeout_s=a.tool_timeout_s,
+        max_tool_output_chars=a.max_tool_output_chars,
+        max_tokens=a.max_tokens,
+    )
+
+
+async def run_program(
+    svc: Services,
+    runner: ProgramRunner,
+    task: Task,
+    group_id: str,
+    temperature: float,
+    retries: int = 2,
+) -> Trajectory:
+    """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
+    gw = svc.gateway.gateway
+    cfg = svc.cfg
+    sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
+    for attempt in range(retries + 1):
+        program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
+        res = await runner.run(task, program, svc.gateway.url + "/v1", agent_config(cfg))
+        state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
+        gw.programs.finish(program.id, state, res.status, res.outcome)
+        if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
+            log.warning("program=%s lost its engine; healing and re-running", program.id)
+            await svc.fleet.heal()
+            await gw.pool.refresh()
+            continue
+        return gw.journal.trajectory(program.id)
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class GroupRecord:
+    """A finished, scored group and its samples; what travels through the buffer."""
+
+    group_id: str
+    number: int
+    task_id: str
+    trajectories: list[Trajectory]
+    samples: list[Sample]
+    policy_version: int
+    completion_tokens: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def score(group_id: str, number: int, task: Task, trajs: list[Trajectory], cfg: Config) -> GroupRecord:
+    """Rewards (configured terms) and group-relative advantages, as trainer samples."""
+    scored = with_rewards(trajs, score_group(trajs, cfg.rewards))
+    trainable = [t for t in scored if t.num_turns > 0]
+    samples = group_samples(trainable, cfg.trainer.advantages) if trainable else []
+    versions = [v for t in scored for v in t.policy_versions]
+    rewards = [t.outcome.reward or 0.0 for t in scored if t.outcome]
+    return GroupRecord(
+        group_id=group_id,
+        number=number,
+        task_id=task.id,
+        trajectories=scored,
+        samples=samples,
+        policy_version=min(versions) if versions else 0,
+        completion_tokens=sum(t.completion_tokens for t in scored),
+        stats={
+            "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+            "success": statistics.fmean(1.0 if t.outcome and t.outcome.passed else 0.0 for t in scored),
+            "turns": statistics.fmean(t.num_turns for t in scored),
+        },
+    )
+
+
+async def run_group(
+    svc: Services,
+    runner: ProgramRunner,
+    task: Task,
+    group_id: str,
+    number: int,
+    size: int,
+    temperature: float,
+) -> GroupRecord:
+    """G programs of one task, concurrently, scored as one group."""
+    trajs = await asyncio.gather(
+        *(run_program(svc, runner, task, group_id, temperature) for _ in range(size))
+    )
+    return score(group_id, number, task, list(trajs), svc.cfg)

@@ -1,0 +1,235 @@
+"""The run configuration, split by component and loaded from YAML with clear errors.
+
+Every section rejects unknown keys; a bad value is reported with its dotted path
+(``trainer.lr: Input should be greater than 0``). The defaults live in
+``rollyard/configs/demo.yaml``; a user's file is merged over nothing, so what they write is
+what runs, and the resolved config is written to the run directory.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rollyard.core.errors import ConfigError
+from rollyard.rl.advantages import AdvantageConfig
+from rollyard.rl.buffer.config import BufferConfig
+from rollyard.rl.rewards import RewardConfig
+from rollyard.train.trainer import TrainConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    """Where the policy's weights start; ``create`` makes the tiny model there if it is missing."""
+
+    path: Path
+    create: bool = False
+    size: str = "tiny"
+    seed: int = 0
+
+
+class EngineConfig(_Section):
+    """Local vLLM engines the orchestrator starts (``urls`` instead: engines someone else runs)."""
+
+    count: int = Field(default=1, ge=1)
+    urls: list[str] = Field(default_factory=list)
+    kv_tokens: int | None = Field(default=16384, ge=1)
+    max_model_len: int = Field(default=2048, ge=64)
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    restart_on_death: bool = True
+
+
+class GatewayConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
+    capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
+
+
+class SandboxConfig(_Section):
+    provider: Literal["bwrap", "local"] = "bwrap"
+    ahead: int = Field(default=1, ge=0)  # prepared sandboxes per task, ahead of demand
+
+
+class TaskSetConfig(_Section):
+    """A task family generated into the run dir, or a directory of task dirs."""
+
+    family: str | None = "lookup"
+    n: int = Field(default=32, ge=1)
+    seed: int = 0
+    path: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskSetConfig:
+        if (self.family is None) == (self.path is None):
+            raise ValueError("give exactly one of family or path")
+        return self
+
+
+class TasksConfig(_Section):
+    train: TaskSetConfig = Field(default_factory=TaskSetConfig)
+    eval: TaskSetConfig | None = None  # held-out tasks; None: no held-out evaluation
+    validate_tasks: bool = True  # golden passes, no-op fails, before anything runs
+
+
+class AgentSection(_Section):
+    kind: Literal["whitebox"] = "whitebox"
+    max_turns: int = Field(default=6, ge=1)
+    max_tokens: int = Field(default=96, ge=1)  # per model call
+    timeout_s: float = Field(default=120.0, gt=0)  # a hung agent is terminated after this
+    tool_timeout_s: float = Field(default=20.0, gt=0)
+    max_tool_output_chars: int = Field(default=400, ge=64)
+
+
+class TrainerConfig(TrainConfig):
+    """The trainer's own settings (optimizer, loss, packing) plus how advantages are computed."""
+
+    lr: float = Field(default=1e-4, gt=0)
+    advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    threads: int = Field(default=2, ge=1)  # torch intra-op threads
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig.model_validate(self.model_dump(exclude={"advantages", "threads"}))
+
+
+class SftConfig(_Section):
+    """Warm start on scripted-solver demonstrations (deliberately imperfect)."""
+
+    enabled: bool = False
+    demos: int = Field(default=128, ge=1)
+    mistake_prob: float = Field(default=0.3, ge=0.0, le=1.0)
+    epochs: int = Field(default=2, ge=1)
+    batch: int = Field(default=16, ge=1)
+    lr: float = Field(default=1e-3, gt=0)
+
+
+class EvalConfig(_Section):
+    every: int = Field(default=5, ge=1)  # held-out evaluation every N steps (and at 0 and the end)
+    samples: int = Field(default=2, ge=1)  # per held-out task
+    temperature: float = Field(default=1.0, ge=0.0)
+
+
+class RunConfig(_Section):
+    steps: int = Field(default=20, ge=1)
+    groups_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=4, ge=2)
+    temperature: float = Field(default=1.0, ge=0.0)
+    max_groups_in_flight: int = Field(default=8, ge=1)
+    seed: int = 0
+    checkpoint_every: int = Field(default=1, ge=1)
+    keep_weights: int = Field(default=2, ge=1)
+    progress: bool = True
+
+
+class RayConfig(_Section):
+    address: str | None = None  # "local" starts a local cluster; else a ray:// or host:port address
+    workers: int = Field(default=2, ge=1)
+    num_cpus_per_worker: float = Field(default=0.5, gt=0)
+
+
+class Config(_Section):
+    """One run: each section belongs to one component."""
+
+    model: ModelConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    rewards: RewardConfig = Field(default_factory=RewardConfig)
+    buffer: BufferConfig = Field(
+        default_factory=lambda: BufferConfig(
+            rule="window", window_fraction=1.0, max_staleness=1, group_whole=True
+        )
+    )
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sft: SftConfig = Field(default_factory=SftConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+
+    @model_validator(mode="after")
+    def _buffer_groups(self) -> Config:
+        if not self.buffer.group_whole:
+            raise ValueError("buffer.group_whole must be true: the trainer takes whole groups")
+        return self
+
+
+def describe(e: ValidationError) -> str:
+    """Every error with its dotted path, one per line."""
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{loc}: unknown key")
+        elif err["type"] == "missing":
+            lines.append(f"{loc}: missing")
+        else:
+            lines.append(f"{loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def _set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    node = doc
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {dotted}: {k} is not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_config(doc: Any, source: str, overrides: dict[str, Any] | None = None) -> Config:
+    """Validate a loaded YAML document; ``overrides`` are dotted keys (``run.steps``) applied first."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of sections, not {type(doc).__name__}")
+    for k, v in (overrides or {}).items():
+        _set_path(doc, k, v)
+    try:
+        return Config.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: invalid config\n{describe(e)}") from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read and validate a YAML config; relative paths in it are relative to the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    cfg = parse_config(doc, str(p), overrides)
+    return resolve_paths(cfg, p.parent)
+
+
+def resolve_paths(cfg: Config, base: Path) -> Config:
+    def fix(x: Path | None) -> Path | None:
+        return None if x is None or x.is_absolute() else (base / x).resolve()
+
+    cfg.model.path = fix(cfg.model.path) or cfg.model.path
+    for ts in (cfg.tasks.train, cfg.tasks.eval):
+        if ts is not None and ts.path is not None:
+            ts.path = fix(ts.path)
+    return cfg
+
+
+def builtin_config(name: str, overrides: dict[str, Any] | None = None) -> Config:
+    """An embedded config (``demo``, ``quick``) from ``rollyard/configs``; its paths stay relative."""
+    try:
+        text = resources.files("rollyard.configs").joinpath(f"{name}.yaml").read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"no built-in config {name!r}") from None
+    return parse_config(yaml.safe_load(text), f"builtin:{name}", overrides)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,204 @@
+"""The training loop, as the algorithm reads:
+
+    while step < steps:
+        groups  <- buffer.get(G groups the staleness bound allows)    # produced concurrently
+        samples <- advantages(rewards(groups))
+        trainer.step(samples); publish weights as version step+1 to every engine
+        record trajectories, metrics, checkpoint (weights + group ledger, atomically)
+
+and, concurrently, the producer: claim the next group number, run its G programs, score them,
+put the group in the buffer. Rollouts never wait for training; the buffer drops groups whose
+policy lags the trainer by more than ``buffer.max_staleness`` (recorded in the ledger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollyard.core.clock import Clock, SystemClock
+from rollyard.core.tables import write_parquet
+from rollyard.rl.buffer.shell import AsyncBuffer
+from rollyard.rollout.collect import GroupRecord, ProgramRunner, run_group
+from rollyard.rollout.config import Config
+from rollyard.rollout.evaluation import heldout
+from rollyard.rollout.ledger import GroupLedger, group_id, task_for
+from rollyard.rollout.rundir import RunDir
+from rollyard.rollout.services import Services
+from rollyard.tasks.model import Task
+from rollyard.train.publish import WeightPublisher
+from rollyard.train.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class LoopState:
+    step: int
+    version: int
+    ledger: GroupLedger
+    idle_s: float = 0.0
+    train_s: float = 0.0
+    failures: int = 0
+    totals: dict[str, float] = field(default_factory=lambda: {"turns": 0.0, "tokens": 0.0})
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        cfg: Config,
+        run: RunDir,
+        svc: Services,
+        runner: ProgramRunner,
+        trainer: Trainer,
+        publisher: WeightPublisher,
+        train_tasks: list[Task],
+        held_out: list[Task],
+        state: LoopState,
+        *,
+        clock: Clock | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.cfg, self.run_dir, self.svc, self.runner = cfg, run, svc, runner
+        self.trainer, self.publisher = trainer, publisher
+        self.train_tasks, self.held_out = train_tasks, held_out
+        self.s = state
+        self.clock = clock or SystemClock()
+        self.progress = progress or (lambda _row: None)
+        self.buffer = AsyncBuffer(cfg.buffer, self.clock)
+        self._slot = asyncio.Event()
+        self._groups: set[asyncio.Task[None]] = set()
+
+    # -- producer ------------------------------------------------------------------------------
+    def _wanted(self) -> int:
+        left = (self.cfg.run.steps - self.s.step) * self.cfg.run.groups_per_step
+        return min(self.cfg.run.max_groups_in_flight, left)
+
+    async def _produce(self) -> None:
+        while True:
+            while self.s.ledger.in_flight() >= self._wanted():
+                self._slot.clear()
+                await self._slot.wait()
+            n = self.s.ledger.claim()
+            gid = group_id(n)
+            await self.buffer.submit(gid, group_id=gid, group_size=1, policy_version=self.s.version)
+            task = asyncio.create_task(
+                self._one_group(n, gid, task_for(n, self.train_tasks, self.cfg.run.seed))
+            )
+            self._groups.add(task)
+            task.add_done_callback(self._groups.discard)
+
+    async def _one_group(self, n: int, gid: str, task: Task) -> None:
+        run = self.cfg.run
+        try:
+            rec = await run_group(self.svc, self.runner, task, gid, n, run.group_size, run.temperature)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("group=%s task=%s failed; dropping it", gid, task.id)
+            self.s.failures += 1
+            await self.buffer.discard(gid)
+            return
+        if not rec.samples:
+            await self.buffer.discard(gid)
+            return
+        await self.buffer.complete(
+            gid, policy_version=rec.policy_version, length=rec.completion_tokens, payload=rec
+        )
+        self.progress(
+            {"event": "group", "reward": rec.stats["reward_mean"], "in_flight": self.s.ledger.in_flight()}
+        )
+
+    # -- trainer -------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        if self.s.step == 0 and self.held_out and not self.run_dir.read_metrics():
+            row = {"step": 0, "policy_version": self.s.version, **await self._evaluate("step0")}
+            self.run_dir.append_metrics(row)
+            self.progress(row)
+        producer = asyncio.create_task(self._produce())
+        last = self.clock.now()
+        try:
+            while self.s.step < self.cfg.run.steps:
+                row = await self._step(last)
+                last = self.clock.now()
+                self.progress(row)
+        finally:
+            producer.cancel()
+            for t in list(self._groups):
+                t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(producer, *self._groups, return_exceptions=True)
+        return self.run_dir.read_metrics()[-1] if self.run_dir.read_metrics() else {}
+
+    async def _take(self) -> list[GroupRecord]:
+        want = self.cfg.run.groups_per_step
+        groups: list[GroupRecord] = []
+        while len(groups) < want:
+            rel = await self.buffer.get(self.s.version, want - len(groups))
+            for d in rel.dropped:
+                self.s.ledger.mark_dropped(int(d.item_id[1:]), d.reason)
+            groups += [r.payload for r in rel.items]
+            self._slot.set()
+        return groups
+
+    async def _step(self, last: float) -> dict[str, Any]:
+        t0 = self.clock.now()
+        groups = await self._take()
+        t1 = self.clock.now()
+        samples = [s for g in groups for s in g.samples]
+        m = await asyncio.to_thread(self.trainer.train_step, samples)
+        t2 = self.clock.now()
+        version = self.s.version + 1
+        path = await self.publisher.publish(self.trainer.model, version)
+        self.svc.fleet.live(path, version)
+        self.s.version, self.s.step = version, self.s.step + 1
+        for g in groups:
+            self.s.ledger.mark_trained(g.number, self.s.step)
+        self._slot.set()
+        write_parquet(self.run_dir.trajectory_file(self.s.step), [t for g in groups for t in g.trajectories])
+        wall = max(self.clock.now() - last, 1e-9)
+        self.s.idle_s += t1 - t0
+        self.s.train_s += t2 - t1
+        tokens = sum(g.completion_tokens for g in groups)
+        trajs = [t for g in groups for t in g.trajectories]
+        row: dict[str, Any] = {
+            "step": self.s.step,
+            "policy_version": version,
+            "reward_mean": statistics.fmean(g.stats["reward_mean"] for g in groups),
+            "success_rate": statistics.fmean(g.stats["success"] for g in groups),
+            "turns_per_episode": statistics.fmean(t.num_turns for t in trajs),
+            "tokens_per_s": tokens / wall,
+            "completion_tokens": tokens,
+            "staleness": statistics.fmean(max(0, version - 1 - g.policy_version) for g in groups),
+            "trainer_idle_fraction": (t1 - t0) / wall,
+            "train_s": t2 - t1,
+            "wall_s": wall,
+            "loss": m.get("loss"),
+            "groups": [g.group_id for g in groups],
+            "dropped_total": len(self.s.ledger.dropped),
+            "engine_restarts": self.svc.fleet.restarts,
+            "time": time.time(),
+        }
+        last_step = self.s.step == self.cfg.run.steps
+        if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
+            row.update(await self._evaluate(f"step{self.s.step}"))
+        self.run_dir.append_metrics(row)
+        if self.s.step % self.cfg.run.checkpoint_every == 0 or last_step:
+            self.save()
+        return row
+
+    def save(self) -> None:
+        extra = {"ledger": self.s.ledger.state_dict(), "version": self.s.version, "step": self.s.step}
+        self.trainer.save(self.run_dir.checkpoint, extra_state=extra)
+
+    async def _evaluate(self, tag: str) -> dict[str, Any]:
+        e = self.cfg.eval
+        return await heldout(self.svc, self.runner, self.held_out, e.samples, e.temperature, tag)

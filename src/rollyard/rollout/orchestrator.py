@@ -1,0 +1,109 @@
+"""A whole run, in order: tasks and model -> (SFT warm start) -> trainer -> engines -> gateway
+-> sandbox pool -> rollout workers -> the loop; teardown in reverse on success, error or Ctrl-C.
+
+``--resume`` reloads the config written to the run dir, the trainer checkpoint (weights,
+optimizer, RNG) and its group ledger, and starts the engines on the weights that checkpoint
+published, so the policy version continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from rollyard.core.errors import ConfigError
+from rollyard.rollout.collect import LocalRunner, ProgramRunner
+from rollyard.rollout.config import Config
+from rollyard.rollout.ledger import GroupLedger
+from rollyard.rollout.loop import LoopState, ProgressFn, TrainingLoop
+from rollyard.rollout.prepare import ensure_model, ensure_tasks
+from rollyard.rollout.rundir import RunDir
+from rollyard.rollout.services import Services, make_provider, open_services
+from rollyard.rollout.sft import warm_start
+
+log = logging.getLogger(__name__)
+
+
+def build_trainer(cfg: Config, model_dir: Path) -> Any:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from rollyard.train.trainer import Trainer
+
+    torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.run.seed)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return Trainer(model, cfg.trainer.train_config())
+
+
+@contextlib.asynccontextmanager
+async def make_runner(cfg: Config, svc: Services, run: RunDir) -> AsyncIterator[ProgramRunner]:
+    """Local agents, or Ray rollout workers when ``ray.address`` is set."""
+    if cfg.ray.address is None:
+        yield LocalRunner(svc, cfg.agent.timeout_s)
+        return
+    from rollyard.rollout.ray_runner import RayRunner
+
+    runner = RayRunner(cfg, run.root)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def _resume_state(run: RunDir, trainer: Any) -> LoopState:
+    extra = trainer.load(run.checkpoint)
+    state = LoopState(
+        step=int(extra["step"]), version=int(extra["version"]), ledger=GroupLedger.from_state(extra["ledger"])
+    )
+    run.truncate_metrics(state.step)
+    log.info("resumed run=%s step=%d version=%d", run.root, state.step, state.version)
+    return state
+
+
+async def train(
+    cfg: Config, run: RunDir, *, resume: bool = False, progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Run (or continue) training; returns the last metrics row."""
+    if not resume:
+        run.create(cfg)
+    provider = make_provider(cfg, run.root)
+    train_tasks, held_out = await ensure_tasks(cfg, run.root, provider)
+    start = ensure_model(cfg)
+    if cfg.sft.enabled:
+        start = await warm_start(train_tasks, provider, start, run.root, cfg)
+    trainer = build_trainer(cfg, start)
+    weights, state = start, LoopState(step=0, version=0, ledger=GroupLedger())
+    if resume and run.has_checkpoint():
+        state = _resume_state(run, trainer)
+        if state.version > 0:
+            weights = run.weights / f"v{state.version:06d}"
+            if not (weights / "config.json").is_file():
+                raise ConfigError(f"checkpoint is at version {state.version} but {weights} is missing")
+    elif resume:
+        run.truncate_metrics(0)
+    if state.step >= cfg.run.steps:
+        log.info("run %s already finished %d steps", run.root, state.step)
+        return run.read_metrics()[-1] if run.read_metrics() else {}
+    from transformers import AutoTokenizer
+
+    from rollyard.train.publish import WeightPublisher
+
+    tokenizer = AutoTokenizer.from_pretrained(start)
+    async with open_services(cfg, run.root, weights, state.version) as svc:
+        publisher = WeightPublisher(
+            svc.fleet.backends,
+            run.weights,
+            base_path=weights,
+            base_version=state.version,
+            keep=max(2, cfg.run.keep_weights),
+            tokenizer=tokenizer,
+        )
+        async with make_runner(cfg, svc, run) as runner:
+            loop = TrainingLoop(
+                cfg, run, svc, runner, trainer, publisher, train_tasks, held_out, state, progress=progress
+            )
+            return await loop.run()

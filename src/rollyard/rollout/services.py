@@ -1,0 +1,190 @@
+"""The long-lived parts of a run, started and stopped in order: engines -> gateway -> sandbox pool.
+
+``open_services`` is an async context manager; its exit tears down in reverse order on success,
+error and cancellation (Ctrl-C), so no engine process or sandbox outlives the run. The gateway
+runs in-process (uvicorn in an asyncio task) over the same ``VLLMBackend`` objects the weight
+publisher updates, so every recorded turn carries the live policy version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollyard.core.errors import EngineStartError, SandboxError
+from rollyard.engines.launcher import VLLMServer, free_port
+from rollyard.engines.vllm import VLLMBackend
+from rollyard.gateway.app import build_gateway, create_app
+from rollyard.gateway.service import Gateway
+from rollyard.gateway.tokenizer import FastTokenizer
+from rollyard.rollout.config import Config
+from rollyard.sandbox.base import SandboxProvider
+from rollyard.sandbox.pool import SandboxPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineFleet:
+    """Local engine processes (may be empty when engines are given by URL) and their backends."""
+
+    servers: list[VLLMServer]
+    backends: list[VLLMBackend]
+    weights: Path  # what a restarted engine must load
+    version: int
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    restarts: int = 0
+
+    def live(self, path: Path, version: int) -> None:
+        """Record the weights now live, so a restart comes back on them."""
+        self.weights, self.version = path, version
+
+    async def heal(self) -> bool:
+        """Restart dead local engines on the live weights; True if any was restarted."""
+        async with self._lock:
+            restarted = False
+            for server, backend in zip(self.servers, self.backends, strict=False):
+                if server.alive():
+                    continue
+                log.warning("engine %s died; restarting on weights v%d", backend.name, self.version)
+                server.stop()
+                server.model_dir = self.weights
+                await asyncio.to_thread(server.start)
+                backend._version = self.version  # the restarted process serves exactly these weights
+                self.restarts += 1
+                restarted = True
+            return restarted
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+
+def start_engines(cfg: Config, run_dir: Path, weights: Path, version: int) -> EngineFleet:
+    """Start ``engine.count`` local vLLMs on ``weights`` (or attach to ``engine.urls``)."""
+    servers: list[VLLMServer] = []
+    backends: list[VLLMBackend] = []
+    try:
+        if cfg.engine.urls:
+            urls = list(cfg.engine.urls)
+        else:
+            urls = []
+            for i in range(cfg.engine.count):
+                server = VLLMServer(
+                    weights,
+                    kv_tokens=cfg.engine.kv_tokens,
+                    max_model_len=cfg.engine.max_model_len,
+                    served_name="policy",
+                    log_path=run_dir / "logs" / f"engine{i}.log",
+                    startup_timeout_s=cfg.engine.startup_timeout_s,
+                )
+                servers.append(server)
+                server.start()
+                urls.append(server.url)
+        for i, url in enumerate(urls):
+            backends.append(
+                VLLMBackend(
+                    url, name=f"engine{i}", max_model_len=cfg.engine.max_model_len, policy_version=version
+                )
+            )
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return EngineFleet(servers, backends, weights, version)
+
+
+@dataclass
+class GatewayServer:
+    gateway: Gateway
+    url: str
+    admin_token: str
+    _server: object
+    _task: asyncio.Task[None]
+
+    async def stop(self) -> None:
+        self._server.should_exit = True  # type: ignore[attr-defined]
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self._task, 15)
+
+
+async def start_gateway(cfg: Config, run_dir: Path, fleet: EngineFleet, model_dir: Path) -> GatewayServer:
+    """The gateway in this process: uvicorn served from an asyncio task, journal in the run dir."""
+    import uvicorn
+
+    token = "rya-" + secrets.token_urlsafe(24)
+    gw = build_gateway(
+        {b.name: b for b in fleet.backends},
+        FastTokenizer(model_dir),
+        run_dir / "journal.db",
+        token,
+        "policy",
+        capacity=cfg.gateway.capacity,
+    )
+    port = cfg.gateway.port or free_port()
+    config = uvicorn.Config(
+        create_app(gw), host=cfg.gateway.host, port=port, log_level="warning", access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the CLI owns SIGINT
+    task = asyncio.create_task(server.serve())
+    for _ in range(200):
+        if server.started:
+            break
+        if task.done():
+            task.result()
+            raise EngineStartError("the gateway exited during start-up")
+        await asyncio.sleep(0.05)
+    else:
+        raise EngineStartError(f"the gateway did not start on port {port}")
+    host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::") else cfg.gateway.host
+    url = f"http://{host}:{port}"
+    log.info("gateway up url=%s", url)
+    return GatewayServer(gw, url, token, server, task)
+
+
+def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
+    if cfg.sandbox.provider == "bwrap":
+        from rollyard.sandbox.bwrap import BwrapProvider
+
+        return BwrapProvider()
+    from rollyard.sandbox.local import LocalProvider
+
+    return LocalProvider(run_dir / "sandboxes", unsafe=True)
+
+
+@dataclass
+class Services:
+    cfg: Config
+    fleet: EngineFleet
+    gateway: GatewayServer
+    provider: SandboxProvider
+    pool: SandboxPool
+
+
+@contextlib.asynccontextmanager
+async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int) -> AsyncIterator[Services]:
+    """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    fleet = await asyncio.to_thread(start_engines, cfg, run_dir, weights, version)
+    try:
+        gw = await start_gateway(cfg, run_dir, fleet, weights)
+        try:
+            provider = make_provider(cfg, run_dir)
+            pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
+            try:
+                yield Services(cfg, fleet, gw, provider, pool)
+            finally:
+                await asyncio.shield(pool.close())
+                if pool.stats.leaks:
+                    raise SandboxError(f"{pool.stats.leaks} sandbox resources leaked at teardown")
+        finally:
+            await asyncio.shield(gw.stop())
+    finally:
+        fleet.stop()
+        log.info("services stopped")
