@@ -1,0 +1,101 @@
+"""What the ``train``, ``demo`` and ``report`` commands call: pick the config and run dir, log to
+``RUN_DIR/logs/run.log``, show progress, run, report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rollyard.core.errors import ConfigError
+from rollyard.rollout.config import Config, builtin_config, load_config, resolve_paths
+from rollyard.rollout.orchestrator import train
+from rollyard.rollout.progress import LiveProgress
+from rollyard.rollout.report import make_report, summarize
+from rollyard.rollout.rundir import RunDir
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path) -> Iterator[None]:
+    """Everything rollyard logs at INFO goes to the run's log file while the run lasts."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / "run.log")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("rollyard")
+    old = root.level
+    root.addHandler(handler)
+    root.setLevel(min(old or logging.WARNING, logging.INFO))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
+        handler.close()
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``key.path=value`` pairs; values are read as YAML scalars (numbers, booleans, null)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _execute(cfg: Config, run: RunDir, resume: bool) -> dict[str, Any]:
+    with run_log(run.root), LiveProgress(cfg.run.steps) as progress:
+        return asyncio.run(train(cfg, run, resume=resume, progress=progress if cfg.run.progress else None))
+
+
+def run_training(
+    config: Path | None, run_dir: Path | None, resume: Path | None, ray: str | None, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """``rollyard train``: a new run from CONFIG, or ``--resume RUN_DIR`` with its saved config."""
+    if resume is not None:
+        run = RunDir(resume)
+        cfg = run.load_config()
+        if overrides or ray:
+            raise ConfigError("--resume continues the saved config; --set and --ray are not allowed with it")
+        return _execute(cfg, run, True)
+    if config is None:
+        raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR)")
+    if ray:
+        overrides = {**overrides, "ray.address": ray}
+    cfg = load_config(config, overrides)
+    run = RunDir(run_dir or Path("runs") / f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return _execute(cfg, run, False)
+
+
+def run_demo(seed: int, run_dir: Path | None, quick: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``rollyard demo``: the embedded config with every seed set from ``seed``; then the report."""
+    name = "quick" if quick else "demo"
+    seeded = {"run.seed": seed, "model.seed": seed, "tasks.train.seed": 1000 + seed}
+    if not quick:
+        seeded["tasks.eval.seed"] = 2000 + seed
+    root = (run_dir or Path("runs") / f"{name}-seed{seed}").resolve()
+    run = RunDir(root)
+    if run.config.exists():
+        cfg = run.load_config()
+        resume = True
+    else:
+        cfg = resolve_paths(builtin_config(name, {**seeded, **overrides}), root)
+        resume = False
+    t0 = time.monotonic()
+    last = _execute(cfg, run, resume)
+    summary_path = make_report(root)
+    return {
+        "run_dir": str(root),
+        "wall_s": time.monotonic() - t0,
+        "summary": str(summary_path),
+        **summarize(run.read_metrics()),
+        **{k: last[k] for k in ("step",) if k in last},
+    }
