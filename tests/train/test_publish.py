@@ -26,7 +26,7 @@ def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], completion: lis
 
 def _perturbed(model_dir: Path) -> torch.nn.Module:
     """The base model after a small, real change, as one optimizer step would make."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for p in model.parameters():
