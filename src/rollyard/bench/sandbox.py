@@ -72,7 +72,9 @@ def main(quick: bool = False) -> dict[str, Any]:
     os.chmod(root, 0o711)
     try:
         res = asyncio.run(_run(quick, root))
-        left = [p for p in root.rglob("*") if ".etc" not in p.parts and p.name not in ("bwrap", "local")]
+        left = [
+            p for sub in ("bwrap", "local") for p in (root / sub).iterdir() if not p.name.startswith(".etc-")
+        ]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     b, loc = res["bwrap_ms"], res["local_ms"]
