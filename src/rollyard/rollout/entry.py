@@ -26,15 +26,21 @@ def run_log(run_dir: Path) -> Iterator[None]:
     handler = logging.FileHandler(run_dir / "logs" / "run.log")
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    console = logging.StreamHandler()  # the terminal keeps showing warnings only
+    console.setLevel(logging.WARNING)
     root = logging.getLogger("rollyard")
-    old = root.level
+    old, old_propagate = root.level, root.propagate
     root.addHandler(handler)
-    root.setLevel(min(old or logging.WARNING, logging.INFO))
+    root.addHandler(console)
+    root.propagate = False
+    root.setLevel(logging.INFO)
     try:
         yield
     finally:
         root.removeHandler(handler)
+        root.removeHandler(console)
         root.setLevel(old)
+        root.propagate = old_propagate
         handler.close()
 
 

@@ -5,6 +5,7 @@ Each demonstration really runs the solver's tool calls in a sandbox, so the obse
 the ones the agent would see; the solver errs on purpose (``mistake_prob``), so the warm start
 is imperfect and RL has something to fix. Only the assistant's completions are trained, as in
 RL: the generation prompt is context, the completion's ids and its end-of-turn token are loss.
+Training itself is the trainer's SFT path (``rollyard.train.sft.run_sft``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 from pathlib import Path
 
@@ -27,7 +29,7 @@ from rollyard.rollout.config import Config
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.tasks import prepare, solve
 from rollyard.tasks.model import Task
-from rollyard.train.objective import LossConfig
+from rollyard.train.sft import run_sft
 
 log = logging.getLogger(__name__)
 
@@ -84,28 +86,13 @@ async def demonstrations(
     return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(chosen))))
 
 
-def train_sft(samples: list[Sample], base_dir: Path, out_root: Path, cfg: Config, seed: int) -> Path:
-    """A few epochs of the SFT loss over ``samples``; returns the saved model dir."""
-    import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from rollyard.train.checkpoint import save_weights
-    from rollyard.train.trainer import Trainer
-
-    torch.manual_seed(seed)
-    torch.set_num_threads(cfg.trainer.threads)
-    model = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    tc = cfg.trainer.train_config().model_copy(update={"lr": cfg.sft.lr, "loss": LossConfig(kind="sft")})
-    trainer = Trainer(model, tc)
-    rng = random.Random(seed)
-    for epoch in range(cfg.sft.epochs):
-        order = list(range(len(samples)))
-        rng.shuffle(order)
-        for start in range(0, len(order), cfg.sft.batch):
-            batch = [samples[i] for i in order[start : start + cfg.sft.batch]]
-            m = trainer.train_step(batch)
-            log.info("sft epoch=%d step=%d loss=%.4f", epoch, trainer.step, m["loss"])
-    return save_weights(model, out_root, 0, tokenizer=AutoTokenizer.from_pretrained(base_dir))
+def write_demonstrations(samples: list[Sample], path: Path) -> Path:
+    """One ``Sample`` per line: the format the trainer's SFT path reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(s.model_dump_json() + "\n" for s in samples))
+    tmp.replace(path)
+    return path
 
 
 async def warm_start(
@@ -113,10 +100,24 @@ async def warm_start(
 ) -> Path:
     """The SFT model dir under the run dir (made once; a resumed run reuses it)."""
     out_root = run_dir / "sft"
-    done = out_root / "v000000"
-    if (done / "config.json").is_file():
-        return done
+    done = sorted(p for p in out_root.glob("v*") if (p / "config.json").is_file())
+    if done:
+        return done[-1]
     seed = cfg.run.seed
     samples = await demonstrations(tasks, provider, base_dir, cfg, seed)
     log.info("sft demonstrations=%d tokens=%d", len(samples), sum(len(s.token_ids) for s in samples))
-    return await asyncio.to_thread(train_sft, samples, base_dir, out_root, cfg, seed)
+    data = write_demonstrations(samples, out_root / "demos.jsonl")
+    steps = math.ceil(len(samples) * cfg.sft.epochs / cfg.sft.batch)
+    result = await asyncio.to_thread(
+        run_sft,
+        base_dir,
+        data,
+        out_root,
+        steps=steps,
+        batch_size=cfg.sft.batch,
+        lr=cfg.sft.lr,
+        seed=seed,
+        token_budget=cfg.trainer.token_budget,
+    )
+    log.info("sft done steps=%d final_loss=%.4f", result["steps"], result["losses"][-1])
+    return Path(result["weights"])

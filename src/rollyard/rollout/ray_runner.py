@@ -1,0 +1,112 @@
+"""Rollout workers on Ray: each actor owns a sandbox provider and runs agents + evaluation.
+
+The orchestrator keeps the gateway, program table and trainer; a worker gets a task directory
+(on a shared filesystem), the program's key and the gateway URL, and returns an
+``EpisodeResult``. ``ray.address: local`` starts a private local cluster whose session files
+live under the run dir; any other address joins an existing cluster (start it with
+``ray start --head`` / ``ray start --address=...``; the gateway must then listen on an address
+the workers reach: ``gateway.host: 0.0.0.0``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+from rollyard.agents.loop import AgentConfig
+from rollyard.core.program import Program
+from rollyard.rollout.config import Config
+from rollyard.rollout.episode import EpisodeResult, act_and_evaluate
+from rollyard.tasks.model import Task
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """The actor body: sandboxes are made here, on the worker's node."""
+
+    def __init__(self, provider: str) -> None:
+        if provider == "bwrap":
+            from rollyard.sandbox.bwrap import BwrapProvider
+
+            self.provider: Any = BwrapProvider()
+        else:
+            from rollyard.sandbox.local import LocalProvider
+
+            self.provider = LocalProvider(unsafe=True)
+
+    async def run(
+        self, task_root: str, api_key: str, base_url: str, agent: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        from rollyard.tasks import load_task, prepare
+
+        task = load_task(task_root)
+        sb = await prepare(task, self.provider)
+        try:
+            res = await act_and_evaluate(
+                task,
+                sb,
+                self.provider,
+                base_url=base_url,
+                api_key=api_key,
+                agent=AgentConfig.model_validate(agent),
+                timeout_s=timeout_s,
+            )
+        finally:
+            await sb.close()
+        return res.model_dump(mode="json")
+
+    def node(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+
+class RayRunner:
+    """``ProgramRunner`` over a set of ``RolloutWorker`` actors, round-robin."""
+
+    def __init__(self, cfg: Config, run_dir: Path) -> None:
+        import ray
+
+        self._owns = False
+        address = cfg.ray.address
+        if not ray.is_initialized():
+            if address == "local":
+                tmp = run_dir / "ray"
+                tmp.mkdir(parents=True, exist_ok=True)
+                ray.init(
+                    num_cpus=max(2, cfg.ray.workers),
+                    _temp_dir=str(tmp.resolve()),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                )
+            else:
+                ray.init(address=address, log_to_driver=False)
+            self._owns = True
+        actor = ray.remote(num_cpus=cfg.ray.num_cpus_per_worker)(RolloutWorker)
+        self.workers = [actor.remote(cfg.sandbox.provider) for _ in range(cfg.ray.workers)]
+        self._next = itertools.cycle(self.workers)
+        self.timeout_s = cfg.agent.timeout_s
+        log.info("ray rollout workers=%d address=%s", len(self.workers), address)
+
+    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult:
+        worker = next(self._next)
+        out = await worker.run.remote(
+            str(task.root), program.api_key, base_url, agent.model_dump(mode="json"), self.timeout_s
+        )
+        return EpisodeResult.model_validate(out)
+
+    def nodes(self) -> list[str]:
+        import ray
+
+        return list(ray.get([w.node.remote() for w in self.workers]))
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        if self._owns:
+            ray.shutdown()

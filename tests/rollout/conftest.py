@@ -1,0 +1,44 @@
+"""Helpers for rollout tests: the quick config pointed at the session's engine and tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollyard.rollout.config import Config, builtin_config
+
+
+def quick_config(model_dir: Path, engine_url: str, **overrides: Any) -> Config:
+    """The embedded quick config on the shared engine (no engine start, no model creation)."""
+    base = {
+        "model.path": str(model_dir),
+        "model.create": False,
+        "engine.urls": [engine_url],
+        "run.progress": False,
+    }
+    return builtin_config("quick", {**base, **overrides})
+
+
+def restore_engine(engine_url: str, model_dir: Path) -> None:
+    """Put the session engine back on the tiny model's weights (tests that train change them)."""
+    from rollyard.engines.vllm import VLLMBackend
+
+    async def go() -> None:
+        b = VLLMBackend(engine_url)
+        try:
+            await b.load_weights(str(model_dir), 0)
+        finally:
+            await b.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def make_config(tiny_model_dir: Path, vllm_url: str) -> Iterator[Callable[..., Config]]:
+    """Quick configs on the session engine; the engine's weights are restored after the test."""
+    yield lambda **overrides: quick_config(tiny_model_dir, vllm_url, **overrides)
+    restore_engine(vllm_url, tiny_model_dir)

@@ -1,0 +1,72 @@
+"""Config loading: defaults are valid, bad input names the field that is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollyard.core.errors import ConfigError
+from rollyard.rollout.config import builtin_config, dump_config, load_config
+from rollyard.rollout.entry import parse_overrides
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_embedded_configs_validate_and_round_trip(tmp_path: Path) -> None:
+    for name in ("demo", "quick"):
+        cfg = builtin_config(name)
+        again = load_config(write(tmp_path, dump_config(cfg)))
+        assert again.run == cfg.run
+        assert again.trainer == cfg.trainer
+
+
+def test_an_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.lrr: unknown key"):
+        load_config(write(tmp_path, "model: {path: m}\ntrainer: {lrr: 0.1}\n"))
+
+
+def test_a_bad_value_is_reported_with_its_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"run\.group_size: Input should be greater than or equal to 2"):
+        load_config(write(tmp_path, "model: {path: m}\nrun: {group_size: 1}\n"))
+
+
+def test_the_model_section_is_required(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"model: missing"):
+        load_config(write(tmp_path, "run: {steps: 3}\n"))
+
+
+def test_a_task_set_needs_exactly_one_source(tmp_path: Path) -> None:
+    text = "model: {path: m}\ntasks: {train: {family: lookup, path: somewhere}}\n"
+    with pytest.raises(ConfigError, match=r"tasks\.train.*exactly one of family or path"):
+        load_config(write(tmp_path, text))
+
+
+def test_a_buffer_that_splits_groups_is_refused(tmp_path: Path) -> None:
+    text = "model: {path: m}\nbuffer: {rule: fifo, group_whole: false}\n"
+    with pytest.raises(ConfigError, match="group_whole must be true"):
+        load_config(write(tmp_path, text))
+
+
+def test_not_yaml_and_missing_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "model: [unclosed\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "model: {path: models/tiny}\n"))
+    assert cfg.model.path == (tmp_path / "models" / "tiny").resolve()
+
+
+def test_overrides_set_dotted_keys_as_yaml_scalars(tmp_path: Path) -> None:
+    ov = parse_overrides(["run.steps=7", "trainer.lr=3e-4", "ray.address=local"])
+    cfg = load_config(write(tmp_path, "model: {path: m}\n"), ov)
+    assert (cfg.run.steps, cfg.trainer.lr, cfg.ray.address) == (7, 3e-4, "local")
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
+        parse_overrides(["steps"])

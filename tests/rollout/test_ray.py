@@ -1,0 +1,31 @@
+"""Rollout workers as Ray actors on a local cluster produce the same kind of groups."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rollyard.core.tables import read_parquet
+from rollyard.rollout.config import Config
+from rollyard.rollout.orchestrator import train
+from rollyard.rollout.rundir import RunDir
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+async def test_ray_workers_run_agents_in_sandboxes_and_groups_train(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    pytest.importorskip("ray")
+    cfg = make_config(**{"run.steps": 1, "ray.address": "local", "ray.workers": 2})
+    run = RunDir(tmp_path / "run")
+    last = await train(cfg, run)
+    assert last["step"] == 1 and last["policy_version"] == 1
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
+    assert all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
+    assert all(t.outcome.details.get("agent_status") for t in trajs if t.outcome)
+    # Session files of the private cluster stay under the run dir.
+    assert (run.root / "ray").is_dir()
