@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 
 def _rescore(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)

@@ -46,3 +46,17 @@ def serve(
             pass
     if not server.alive():
         typer.echo("engine stopped")
+
+
+@engine_app.command("demo")
+def demo(
+    workdir: Path = typer.Option(Path("runs/engine-demo"), help="where the model and engine log go"),
+    turns: int = typer.Option(3, help="conversation turns"),
+) -> None:
+    """Create the tiny model, start vLLM, run a multi-turn conversation, print token ids and logprobs."""
+    import asyncio
+
+    from rollyard.engines.demo import run_engine_demo
+
+    for line in asyncio.run(run_engine_demo(workdir, turns)):
+        typer.echo(line)

@@ -40,7 +40,7 @@ class HFBackend:
         self.name = name
         self.max_model_len = max_model_len
         self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(model_dir)
         self.eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
         self._version = 0

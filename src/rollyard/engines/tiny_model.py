@@ -53,7 +53,7 @@ def model_config_for(size: str, vocab_size: int | None = None):  # -> LlamaConfi
         tie_word_embeddings=True,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
-        torch_dtype="float32",
+        dtype="float32",
     )
 
 

