@@ -31,3 +31,15 @@ async def test_local_sandboxes_cannot_bind_paths(tmp_path: Path) -> None:
     prov = LocalProvider(tmp_path, unsafe=True)
     with pytest.raises(SandboxError, match="bind"):
         await prov.create(SandboxSpec(ro_binds=[(tmp_path, Path("/x"))]))
+
+
+async def test_a_detached_child_holding_stdout_does_not_hang_exec(tmp_path: Path) -> None:
+    import time
+
+    prov = LocalProvider(tmp_path, unsafe=True)
+    sb = await prov.create(SandboxSpec())
+    t0 = time.monotonic()
+    r = await sb.exec("setsid sleep 4 & echo started", timeout=10)
+    assert r.stdout == "started\n" and not r.timed_out
+    assert time.monotonic() - t0 < 3.5
+    await sb.close()

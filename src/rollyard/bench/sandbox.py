@@ -22,16 +22,17 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int]:
-    times, leaks = [], 0
+async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int, int]:
+    times, leaks, failures = [], 0, 0
     for _ in range(n):
         t0 = time.perf_counter()
         sb = await provider.create(SandboxSpec())
         r = await sb.exec(["true"])
         await sb.close()
         times.append((time.perf_counter() - t0) * 1000)
-        leaks += int(getattr(sb, "leaked", 0)) + int(r.rc != 0)
-    return times, leaks
+        leaks += int(getattr(sb, "leaked", 0))
+        failures += int(r.rc != 0)
+    return times, leaks, failures
 
 
 async def _pool_throughput(provider: BwrapProvider, programs: int, rounds: int) -> tuple[float, int]:
@@ -56,14 +57,16 @@ async def _run(quick: bool, root: Path) -> dict[str, Any]:
     bwrap = BwrapProvider(root / "bwrap")
     local = LocalProvider(root / "local", unsafe=True)
     await _lifecycles(bwrap, 3)  # warm caches
-    b_times, b_leaks = await _lifecycles(bwrap, n)
-    l_times, l_leaks = await _lifecycles(local, n)
+    b_times, b_leaks, b_fail = await _lifecycles(bwrap, n)
+    l_times, l_leaks, l_fail = await _lifecycles(local, n)
     per_s, p_leaks = await _pool_throughput(bwrap, 32, 2 if quick else 5)
     return {
         "bwrap_ms": b_times,
         "local_ms": l_times,
         "pool_per_s": per_s,
         "leaks": b_leaks + l_leaks + p_leaks,
+        "leak_parts": {"bwrap": b_leaks, "local": l_leaks, "pool": p_leaks},
+        "failures": b_fail + l_fail,
     }
 
 
@@ -95,6 +98,9 @@ def main(quick: bool = False) -> dict[str, Any]:
         "bwrap_over_local_p50": _pct(b, 0.5) / _pct(loc, 0.5),
         "pool": {"programs": 32, "lifecycles_per_s": res["pool_per_s"]},
         "goal": "p50_ms <= 25, leaks == 0",
+        "leak_parts": res["leak_parts"],
+        "left_behind": [str(p) for p in left],
+        "exec_failures": res["failures"],
         "load_avg": os.getloadavg(),
     }
     return report("sandbox", summary, details)

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass, field
 
 from rollyard.core.errors import SandboxError
 from rollyard.sandbox.base import ExecResult
 
+log = logging.getLogger(__name__)
 RUNAWAY_FACTOR = 64  # output beyond cap x this is a runaway: the command is killed, not drained
 
 
@@ -31,12 +34,21 @@ class _Capture:
             self.kept += chunk[:room]
 
 
-async def _pump(stream: asyncio.StreamReader, cap: _Capture, runaway: asyncio.Event) -> None:
-    while chunk := await stream.read(1 << 16):
-        cap.add(chunk)
-        if cap.total > cap.cap * RUNAWAY_FACTOR:
-            runaway.set()
-            return
+async def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` (not necessarily our child) has exited; False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: gone.done() or gone.set_result(None))
+    try:
+        await asyncio.wait({gone}, timeout=timeout)
+        return gone.done()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def kill_group(pid: int) -> None:
@@ -53,52 +65,95 @@ async def run_capped(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     user: int | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> ExecResult:
     """Run ``argv``; on timeout or runaway output kill its process group. Never raises for the
-    command's own failure, only when it cannot be started."""
+    command's own failure, only when it cannot be started.
+
+    Exit is watched through a pidfd and the pipes through the loop's readers, not through
+    asyncio's subprocess transport: that one (3.11) only reports exit once both pipes reach EOF,
+    so a process killed while a grandchild still holds its stdout would be waited on forever.
+    """
+    loop = asyncio.get_running_loop()
     t0 = time.perf_counter()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
             cwd=cwd,
             start_new_session=True,
             user=user,
             group=user,
             extra_groups=[] if user is not None else None,
+            pass_fds=pass_fds,
         )
     except OSError as e:
         raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
     assert proc.stdout is not None and proc.stderr is not None
-    out, err = _Capture(output_bytes), _Capture(output_bytes)
-    runaway = asyncio.Event()
-    pumps = asyncio.gather(_pump(proc.stdout, out, runaway), _pump(proc.stderr, err, runaway))
-    waiter = asyncio.ensure_future(proc.wait())
-    stop = asyncio.ensure_future(runaway.wait())
+    pidfd = os.pidfd_open(proc.pid)
+    caps = {proc.stdout.fileno(): _Capture(output_bytes), proc.stderr.fileno(): _Capture(output_bytes)}
+    open_fds = set(caps)
+    exited: asyncio.Future[None] = loop.create_future()
+    drained: asyncio.Future[None] = loop.create_future()
+    runaway: asyncio.Future[None] = loop.create_future()
+
+    def on_output(fd: int) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            loop.remove_reader(fd)
+            open_fds.discard(fd)
+            if not open_fds and not drained.done():
+                drained.set_result(None)
+            return
+        cap = caps[fd]
+        cap.add(chunk)  # keeps reading (and discarding) past the cap, so writers never block
+        if cap.total > cap.cap * RUNAWAY_FACTOR and not runaway.done():
+            runaway.set_result(None)
+
+    def on_exit() -> None:
+        loop.remove_reader(pidfd)
+        if not exited.done():
+            exited.set_result(None)
+
+    for fd in caps:
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, on_output, fd)
+    loop.add_reader(pidfd, on_exit)
     timed_out = False
     try:
-        done, _ = await asyncio.wait({waiter, stop}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if waiter not in done:
-            timed_out = stop not in done
+        done, _ = await asyncio.wait({exited, runaway}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if exited not in done:
+            timed_out = runaway not in done
             kill_group(proc.pid)
-            await waiter
+            await exited
         # The group may outlive its leader (a background child holding the pipes): end it.
         kill_group(proc.pid)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(pumps), 2.0)
+        if open_fds:
+            await asyncio.wait({drained}, timeout=2.0)
     except BaseException:
         kill_group(proc.pid)
         raise
     finally:
-        stop.cancel()
-        if not pumps.done():
-            pumps.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pumps
-    rc = proc.returncode if proc.returncode is not None else -9
+        for fd in list(open_fds):
+            loop.remove_reader(fd)
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.stderr.close()
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.error("pid %d did not die after SIGKILL", proc.pid)
+            rc = -9
+    out, err = caps.values()
     return ExecResult(
         rc=rc,
         stdout=out.kept.decode("utf-8", "replace"),

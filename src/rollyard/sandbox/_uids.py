@@ -40,6 +40,8 @@ class UidAllocator:
         self.first, self.count = first, count
         lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._next = random.randrange(count)
+        # Processes of a crashed run would still hold their uid: skip those (one scan, here).
+        self._busy = set(processes_in_range(first, count).values())
 
     def lease(self) -> UidLease:
         for _ in range(self.count):
@@ -52,11 +54,34 @@ class UidAllocator:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            if processes_of(uid):  # a stale process of a crashed run: leave that uid alone
+            if uid in self._busy:
                 os.close(fd)
                 continue
             return UidLease(uid, fd, path)
         raise SandboxError("no free sandbox uid left in the configured range")
+
+
+def _live_uid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            head = f.read(1024)
+    except OSError:
+        return None
+    if b"State:\tZ" in head:
+        return None
+    i = head.find(b"Uid:\t")
+    return int(head[i + 5 : head.index(b"\t", i + 5)]) if i >= 0 else None
+
+
+def processes_in_range(first: int, count: int) -> dict[int, int]:
+    """pid -> real uid for every live process whose uid lies in [first, first + count)."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            uid = _live_uid(entry.name)
+            if uid is not None and first <= uid < first + count:
+                out[int(entry.name)] = uid
+    return out
 
 
 def processes_of(uid: int) -> list[int]:

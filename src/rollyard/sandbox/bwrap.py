@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -24,8 +25,8 @@ from rollyard.core.errors import SandboxError
 from rollyard.core.ids import new_id
 from rollyard.sandbox import _fs
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
-from rollyard.sandbox._proc import run_capped
-from rollyard.sandbox._uids import UidAllocator, UidLease, processes_of
+from rollyard.sandbox._proc import run_capped, wait_gone
+from rollyard.sandbox._uids import UidAllocator, UidLease, processes_in_range, processes_of
 from rollyard.sandbox.base import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class BwrapSandbox(HostWorkspace):
         self.workspace = self.dir / "ws"
         self._closed = False
         self._active = 0  # execs in flight
+        self._killed = False  # some exec was killed (deadline, runaway output, cancel)
         self.leaked = 0  # processes or files found after close(); 0 unless something is wrong
         self._prefix = self._argv_prefix()
 
@@ -131,38 +133,57 @@ class BwrapSandbox(HostWorkspace):
         command = ["bash", "-lc", cmd] if isinstance(cmd, str) else list(cmd)
         if not command or not all(isinstance(c, str) and "\x00" not in c for c in command):
             raise SandboxError("command must be a non-empty string or list of strings without NUL")
-        argv = list(self._prefix)
-        for k, v in check_env(env or {}).items():
-            argv += ["--setenv", k, v]
-        argv += ["--", *command]
+        env_args = [a for k, v in check_env(env or {}).items() for a in ("--setenv", k, v)]
         limit = self.spec.limits.wall_seconds if timeout is None else timeout
         if limit <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout}")
+        info_r, info_w = os.pipe()  # bwrap reports the host pid of the namespace's pid 1 here
+        argv = [*self._prefix, "--info-fd", str(info_w), *env_args, "--", *command]
         self._active += 1
         try:
-            result = await run_capped(
-                argv,
-                timeout=limit,
-                output_bytes=self.spec.limits.output_bytes,
-                env={"PATH": PATH},
-                cwd="/",
-                user=self._lease.uid if self._lease else None,
-            )
+            try:
+                result = await run_capped(
+                    argv,
+                    timeout=limit,
+                    output_bytes=self.spec.limits.output_bytes,
+                    env={"PATH": PATH},
+                    cwd="/",
+                    user=self._lease.uid if self._lease else None,
+                    pass_fds=(info_w,),
+                )
+            finally:
+                os.close(info_w)
+            await self._await_namespace_end(info_r)
         finally:
+            os.close(info_r)
             self._active -= 1
         if result.rc < 0 and self._lease is not None:
+            self._killed = True
             await asyncio.to_thread(self._settle)
         if self._closed:
             return result.model_copy(update={"rc": -9})
         return result
 
-    def _settle(self, wait_s: float = 2.0) -> None:
+    async def _await_namespace_end(self, info_r: int) -> None:
+        """bwrap has exited; wait for its pid 1 too. The kernel kills every process of the pid
+        namespace before that pid 1 finishes exiting, so once it is gone nothing of this exec runs."""
+        os.set_blocking(info_r, False)
+        try:
+            info = json.loads(os.read(info_r, 4096) or b"{}")
+        except (OSError, ValueError):
+            info = {}
+        child = info.get("child-pid")
+        if isinstance(child, int) and not await wait_gone(child, 2.0):
+            log.warning("sandbox=%s pid namespace of pid %d still alive after 2 s", self.id, child)
+            self._killed = True  # let close() sweep
+
+    def _settle(self, wait_s: float = 2.0, *, force: bool = False) -> None:
         """After a kill, wait until the killed pid namespace is really gone (the kernel tears it
         down asynchronously), so a caller that counts processes sees none. When no other exec is
-        running, whatever still runs under this sandbox's uid is a leftover and is killed."""
+        running (or ``force``), whatever still runs under this sandbox's uid is killed."""
         deadline = time.monotonic() + wait_s
         while pids := processes_of(self.uid):
-            if self._active == 0:
+            if force or self._active == 0:
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
@@ -177,14 +198,10 @@ class BwrapSandbox(HostWorkspace):
         await asyncio.to_thread(self._teardown)
 
     def _teardown(self) -> None:
-        if self._lease is not None:
-            for _ in range(20):  # every process of this uid is ours; a fork storm may need rounds
-                pids = processes_of(self.uid)
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+        # An exec that ended on its own took its pid namespace with it (the kernel kills every
+        # member when the namespace's init exits), so only a running or killed exec needs a sweep.
+        if self._lease is not None and (self._active or self._killed):
+            self._settle(force=True)  # every process of this uid is ours
             self.leaked = len(processes_of(self.uid))
         _fs.remove_tree(self.dir)
         self.leaked += int(self.dir.exists())
@@ -230,6 +247,13 @@ class BwrapProvider:
             self._uids = UidAllocator(locks, uid_first, uid_count)
         else:
             log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
+
+    def leftover_processes(self) -> int:
+        """Live processes under any sandbox uid of this provider's range (one /proc scan); call it
+        when no sandbox should be running to verify that nothing leaked."""
+        if self._uids is None:
+            return 0
+        return len(processes_in_range(self._uids.first, self._uids.count))
 
     def _write_etc(self) -> Path:
         """Build the sandboxes' /etc: copies of the few host entries programs need plus a generated
