@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -22,8 +23,15 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int, int]:
+def _cpu_s() -> float:
+    """CPU seconds used so far by this process and its reaped children: a load-independent cost."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int, int, float]:
     times, leaks, failures = [], 0, 0
+    cpu0 = _cpu_s()
     for _ in range(n):
         t0 = time.perf_counter()
         sb = await provider.create(SandboxSpec())
@@ -32,7 +40,7 @@ async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], i
         times.append((time.perf_counter() - t0) * 1000)
         leaks += int(getattr(sb, "leaked", 0))
         failures += int(r.rc != 0)
-    return times, leaks, failures
+    return times, leaks, failures, (_cpu_s() - cpu0) / n * 1000
 
 
 async def _pool_throughput(provider: BwrapProvider, programs: int, rounds: int) -> tuple[float, int]:
@@ -57,15 +65,18 @@ async def _run(quick: bool, root: Path) -> dict[str, Any]:
     bwrap = BwrapProvider(root / "bwrap")
     local = LocalProvider(root / "local", unsafe=True)
     await _lifecycles(bwrap, 3)  # warm caches
-    b_times, b_leaks, b_fail = await _lifecycles(bwrap, n)
-    l_times, l_leaks, l_fail = await _lifecycles(local, n)
+    b_times, b_leaks, b_fail, b_cpu = await _lifecycles(bwrap, n)
+    l_times, l_leaks, l_fail, l_cpu = await _lifecycles(local, n)
     per_s, p_leaks = await _pool_throughput(bwrap, 32, 2 if quick else 5)
+    stray = bwrap.leftover_processes()  # any process under any sandbox uid, now that all are closed
     return {
+        "cpu_ms": {"bwrap": b_cpu, "local": l_cpu},
+        "stray_processes": stray,
         "bwrap_ms": b_times,
         "local_ms": l_times,
         "pool_per_s": per_s,
-        "leaks": b_leaks + l_leaks + p_leaks,
-        "leak_parts": {"bwrap": b_leaks, "local": l_leaks, "pool": p_leaks},
+        "leaks": b_leaks + l_leaks + p_leaks + stray,
+        "leak_parts": {"bwrap": b_leaks, "local": l_leaks, "pool": p_leaks, "stray": stray},
         "failures": b_fail + l_fail,
     }
 
@@ -92,9 +103,15 @@ def main(quick: bool = False) -> dict[str, Any]:
             "p50_ms": _pct(b, 0.5),
             "p99_ms": _pct(b, 0.99),
             "mean_ms": statistics.fmean(b),
+            "cpu_ms_per_lifecycle": res["cpu_ms"]["bwrap"],
             "n": len(b),
         },
-        "local": {"p50_ms": _pct(loc, 0.5), "p99_ms": _pct(loc, 0.99), "mean_ms": statistics.fmean(loc)},
+        "local": {
+            "p50_ms": _pct(loc, 0.5),
+            "p99_ms": _pct(loc, 0.99),
+            "mean_ms": statistics.fmean(loc),
+            "cpu_ms_per_lifecycle": res["cpu_ms"]["local"],
+        },
         "bwrap_over_local_p50": _pct(b, 0.5) / _pct(loc, 0.5),
         "pool": {"programs": 32, "lifecycles_per_s": res["pool_per_s"]},
         "goal": "p50_ms <= 25, leaks == 0",
