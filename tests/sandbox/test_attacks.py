@@ -174,3 +174,22 @@ async def test_the_sandbox_cannot_create_namespaces_or_gain_privileges(
     r = await a.exec("unshare -Ur true && echo nested; grep CapEff /proc/self/status")
     assert "nested" not in r.stdout
     assert "0000000000000000" in r.stdout
+
+
+async def test_memory_spread_over_processes_is_capped_for_the_sandbox_as_a_whole(
+    provider: BwrapProvider,
+) -> None:
+    if provider._cgroups is None or "memory" not in provider._cgroups.parents:
+        pytest.skip("no writable memory cgroup on this host; only per-process limits apply")
+    sb = await provider.create(SandboxSpec(limits=TIGHT))
+    hog = (
+        'python3 -c \'import time; n = 150 << 20; b = bytearray(n); b[::4096] = b"x" * (n // 4096);'
+        ' print("held", flush=True); time.sleep(2)\' &'
+    )
+    try:
+        # each process stays under its own 256 MB address-space limit; together they would not
+        r = await sb.exec(f"for i in 1 2 3 4; do {hog} done; wait", timeout=20)
+        assert r.stdout.count("held") <= 1, r.stdout
+    finally:
+        await sb.close()
+    assert sb.leaked == 0 and not any(d.exists() for d in sb.cgroups)

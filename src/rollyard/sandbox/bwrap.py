@@ -24,6 +24,7 @@ from pathlib import Path
 from rollyard.core.errors import SandboxError
 from rollyard.core.ids import new_id
 from rollyard.sandbox import _fs
+from rollyard.sandbox._cgroup import Cgroups
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
 from rollyard.sandbox._proc import run_capped, wait_gone
 from rollyard.sandbox._uids import UidAllocator, UidLease, processes_in_range, processes_of
@@ -70,12 +71,14 @@ class BwrapSandbox(HostWorkspace):
         self._active = 0  # execs in flight
         self._killed = False  # some exec was killed (deadline, runaway output, cancel)
         self.leaked = 0  # processes or files found after close(); 0 unless something is wrong
-        self._prefix = self._argv_prefix()
+        self.cgroups: list[Path] = []  # set by the provider when cgroups are usable
+        self._prefix: list[str] = []
 
     def _argv_prefix(self) -> list[str]:
         lim, p = self.spec.limits, self._provider
         mem = lim.memory_mb * 1024 * 1024
         argv = [
+            *Cgroups.join_prefix(self.cgroups),
             "prlimit",
             # bwrap's own two processes count against the uid's process limit too.
             f"--nproc={lim.max_processes + 2}",
@@ -203,6 +206,8 @@ class BwrapSandbox(HostWorkspace):
         if self._lease is not None and (self._active or self._killed):
             self._settle(force=True)  # every process of this uid is ours
             self.leaked = len(processes_of(self.uid))
+        if self.cgroups:
+            self.leaked += Cgroups.remove(self.cgroups)
         _fs.remove_tree(self.dir)
         self.leaked += int(self.dir.exists())
         if self._lease is not None:
@@ -226,6 +231,7 @@ class BwrapProvider:
         uid_first: int = 1_500_000,
         uid_count: int = 100_000,
         lock_dir: Path | None = None,
+        cgroups: bool = True,
     ) -> None:
         found = shutil.which(bwrap)
         if found is None:
@@ -242,9 +248,11 @@ class BwrapProvider:
                     raise SandboxError(f"sandbox root {self.root}: {parent} is not searchable by others")
         self.etc_dir = self._write_etc()
         self._uids: UidAllocator | None = None
+        self._cgroups: Cgroups | None = None
         if os.geteuid() == 0:
             locks = lock_dir or Path(tempfile.gettempdir()) / "rollyard-uid-locks"
             self._uids = UidAllocator(locks, uid_first, uid_count)
+            self._cgroups = Cgroups() if cgroups else None
         else:
             log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
 
@@ -311,6 +319,15 @@ class BwrapProvider:
         return sandbox
 
     def _prepare(self, sb: BwrapSandbox) -> None:
+        if self._cgroups is not None and self._cgroups.enabled:
+            lim = sb.spec.limits
+            sb.cgroups = self._cgroups.create(
+                sb.id,
+                sb.uid,
+                memory_bytes=lim.memory_mb * 1024 * 1024,
+                max_pids=lim.max_processes + 3,  # + the joining shell's successor, bwrap and its init
+            )
+        sb._prefix = sb._argv_prefix()
         sb.dir.mkdir(mode=0o711)
         owner = sb._owner
         for sub in ("ws", "tmp", "home"):
