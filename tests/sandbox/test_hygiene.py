@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from rollyard.sandbox import SandboxSpec
 from rollyard.sandbox.bwrap import BwrapProvider
 from rollyard.sandbox.hygiene import (
     TestAccessMonitor,
+    atime_works,
     evaluation_sandbox,
     is_test_like,
     scrub,
@@ -77,6 +80,8 @@ async def test_evaluation_runs_on_a_fresh_copy_with_tests_the_agent_never_saw(
 async def test_reading_decoys_or_workspace_tests_is_reported_and_quiet_agents_are_not(
     provider: BwrapProvider, sandbox_root: Path
 ) -> None:
+    if not atime_works(sandbox_root):
+        pytest.skip("this filesystem does not record access times (noatime)")
     mon = TestAccessMonitor(sandbox_root)
     quiet = await provider.create(mon.spec(SandboxSpec()))
     nosy = await provider.create(mon.spec(SandboxSpec()))
