@@ -161,3 +161,32 @@ async def test_bad_specs_and_arguments_get_clear_errors(provider: BwrapProvider,
 def test_a_missing_bwrap_binary_is_a_clear_error(sandbox_root: Path) -> None:
     with pytest.raises(SandboxError, match="not found"):
         BwrapProvider(sandbox_root, bwrap="bwrap-does-not-exist")
+
+
+async def test_leftovers_of_a_killed_process_are_collected_and_live_sandboxes_kept(
+    provider: BwrapProvider, sandbox_root: Path
+) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, os, signal\n"
+        "from pathlib import Path\n"
+        "from rollyard.sandbox import BwrapProvider, SandboxSpec\n"
+        "async def main():\n"
+        f"    sb = await BwrapProvider(Path({str(sandbox_root)!r})).create(SandboxSpec())\n"
+        "    print(sb.id, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    live = await provider.create(SandboxSpec())
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        sid = out.stdout.strip()
+        assert out.returncode == -9 and sid and (sandbox_root / sid).is_dir()
+        BwrapProvider(sandbox_root)  # a new provider collects on start
+        assert not (sandbox_root / sid).exists()
+        assert not any(Path(f"/sys/fs/cgroup/{c}/rollyard/{sid}").exists() for c in ("memory", "pids"))
+        assert live.workspace.is_dir() and (await live.exec("true")).rc == 0
+    finally:
+        await live.close()

@@ -18,6 +18,28 @@ from pathlib import Path
 from rollyard.core.errors import SandboxError
 
 
+def try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path`` (created if missing), or None if another
+    open file holds it. Checks that the path still names the locked inode, since the holder
+    unlinks the file when it lets go."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(path).st_ino:
+            raise BlockingIOError(path)
+    except (BlockingIOError, FileNotFoundError):
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock(path: Path, fd: int) -> None:
+    """Remove the lock file, then let go of it (in that order, see ``try_lock``)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    os.close(fd)
+
+
 class UidLease:
     def __init__(self, uid: int, fd: int, path: Path) -> None:
         self.uid = uid
@@ -26,9 +48,7 @@ class UidLease:
 
     def release(self) -> None:
         if self._fd >= 0:
-            with contextlib.suppress(OSError):
-                os.unlink(self._path)
-            os.close(self._fd)
+            unlock(self._path, self._fd)
             self._fd = -1
 
 
@@ -47,17 +67,12 @@ class UidAllocator:
         for _ in range(self.count):
             uid = self.first + self._next
             self._next = (self._next + 1) % self.count
-            path = self.lock_dir / f"{uid}.lock"
-            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
             if uid in self._busy:
-                os.close(fd)
                 continue
-            return UidLease(uid, fd, path)
+            path = self.lock_dir / f"uid-{uid}.lock"
+            fd = try_lock(path)
+            if fd is not None:
+                return UidLease(uid, fd, path)
         raise SandboxError("no free sandbox uid left in the configured range")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -25,9 +24,17 @@ from rollyard.core.errors import SandboxError
 from rollyard.core.ids import new_id
 from rollyard.sandbox import _fs
 from rollyard.sandbox._cgroup import Cgroups
+from rollyard.sandbox._etc import build_etc
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
 from rollyard.sandbox._proc import run_capped, wait_gone
-from rollyard.sandbox._uids import UidAllocator, UidLease, processes_in_range, processes_of
+from rollyard.sandbox._uids import (
+    UidAllocator,
+    UidLease,
+    processes_in_range,
+    processes_of,
+    try_lock,
+    unlock,
+)
 from rollyard.sandbox.base import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -35,21 +42,6 @@ log = logging.getLogger(__name__)
 INSIDE_UID = 1000
 HOME = "/home/sandbox"
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-# Host /etc entries a program needs to run; everything else in /etc (shadow, ssh keys, ...) is absent.
-ETC_ENTRIES = (
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "alternatives",
-    "localtime",
-    "mime.types",
-    "ssl",
-    "ca-certificates",
-    "python3",
-    "python3.11",
-    "inputrc",
-    "bash.bashrc",
-)
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
@@ -72,6 +64,7 @@ class BwrapSandbox(HostWorkspace):
         self._killed = False  # some exec was killed (deadline, runaway output, cancel)
         self.leaked = 0  # processes or files found after close(); 0 unless something is wrong
         self.cgroups: list[Path] = []  # set by the provider when cgroups are usable
+        self._lock_fd = -1  # the provider's liveness lock for this sandbox
         self._prefix: list[str] = []
 
     def _argv_prefix(self) -> list[str]:
@@ -212,6 +205,9 @@ class BwrapSandbox(HostWorkspace):
         self.leaked += int(self.dir.exists())
         if self._lease is not None:
             self._lease.release()
+        if self._lock_fd >= 0:  # last: until here a crash would leave something to collect
+            unlock(self._provider.lock_dir / f"{self.id}.lock", self._lock_fd)
+            self._lock_fd = -1
         if self.leaked:
             log.error("sandbox=%s leaked=%d", self.id, self.leaked)
         else:
@@ -246,15 +242,45 @@ class BwrapProvider:
             for parent in self.root.resolve().parents:
                 if not os.stat(parent).st_mode & 0o001:
                     raise SandboxError(f"sandbox root {self.root}: {parent} is not searchable by others")
-        self.etc_dir = self._write_etc()
+        self.etc_dir = build_etc(self.root, INSIDE_UID, HOME)
+        # Every live sandbox holds a lock here (shared by all providers on the host), which is how
+        # leftovers of a crashed process are told apart from live sandboxes of another one.
+        self.lock_dir = lock_dir or Path(tempfile.gettempdir()) / f"rollyard-locks-{os.geteuid()}"
+        self.lock_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._uids: UidAllocator | None = None
         self._cgroups: Cgroups | None = None
         if os.geteuid() == 0:
-            locks = lock_dir or Path(tempfile.gettempdir()) / "rollyard-uid-locks"
-            self._uids = UidAllocator(locks, uid_first, uid_count)
+            self._uids = UidAllocator(self.lock_dir, uid_first, uid_count)
             self._cgroups = Cgroups() if cgroups else None
         else:
             log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
+        self.collect_stale()
+
+    def collect_stale(self) -> int:
+        """Remove directories (under this root) and cgroups of sandboxes whose owner died without
+        closing them (a crash, SIGKILL); their processes died with it (bwrap --die-with-parent).
+        Returns how many were removed."""
+        names = {p.name for p in self.root.iterdir() if p.name.startswith("sbx_")}
+        names |= {p.name[: -len(".lock")] for p in self.lock_dir.glob("sbx_*.lock")}
+        parents = list(self._cgroups.parents.values()) if self._cgroups else []
+        for parent in parents:
+            names |= {p.name for p in parent.iterdir() if p.name.startswith("sbx_")}
+        removed = 0
+        for name in sorted(names):
+            lock = self.lock_dir / f"{name}.lock"
+            fd = try_lock(lock)
+            if fd is None:
+                continue  # a live sandbox
+            try:
+                Cgroups.remove([parent / name for parent in parents if (parent / name).exists()])
+                if (self.root / name).exists():
+                    _fs.remove_tree(self.root / name)
+                    removed += 1
+            finally:
+                unlock(lock, fd)
+        if removed:
+            log.warning("removed %d sandboxes left behind by a process that died", removed)
+        return removed
 
     def leftover_processes(self) -> int:
         """Live processes under any sandbox uid of this provider's range (one /proc scan); call it
@@ -263,54 +289,19 @@ class BwrapProvider:
             return 0
         return len(processes_in_range(self._uids.first, self._uids.count))
 
-    def _write_etc(self) -> Path:
-        """Build the sandboxes' /etc: copies of the few host entries programs need plus a generated
-        passwd/group/hosts. The directory is named by a hash of the sources' metadata, so a changed
-        host (a new ld.so.cache) gets a new one, running sandboxes keep theirs, and an unchanged
-        host reuses the existing one at no cost."""
-        files = {
-            "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
-            f"sandbox:x:{INSIDE_UID}:{INSIDE_UID}:sandbox:{HOME}:/bin/bash\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-            "group": f"root:x:0:\nsandbox:x:{INSIDE_UID}:\nnogroup:x:65534:\n",
-            "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
-            "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-            "resolv.conf": "",  # an empty file to bind the host's over when network is on
-        }
-        key = hashlib.sha256(repr(sorted(files.items())).encode())
-        for name in ETC_ENTRIES:
-            with contextlib.suppress(OSError):
-                st = os.lstat(Path("/etc") / name)
-                key.update(f"{name}:{st.st_mode}:{st.st_size}:{st.st_mtime_ns};".encode())
-        final = self.root / f".etc-{key.hexdigest()[:16]}"
-        if final.is_dir():
-            return final
-        tmp = self.root / f".etc-tmp-{new_id('etc')}"
-        tmp.mkdir(mode=0o755)
-        for name in ETC_ENTRIES:
-            src = Path("/etc") / name
-            if src.is_symlink():
-                os.symlink(os.readlink(src), tmp / name)
-            elif src.is_dir():
-                _fs.copy_tree(src, tmp / name, owner=None)
-                os.chmod(tmp / name, 0o755)
-            elif src.is_file():
-                shutil.copyfile(src, tmp / name)
-                os.chmod(tmp / name, 0o644)
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-            os.chmod(tmp / name, 0o644)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # built meanwhile by another provider on this root
-            _fs.remove_tree(tmp)
-        return final
-
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         check_spec(spec)
         sid = new_id("sbx")
-        lease = self._uids.lease() if self._uids is not None else None
+        lock = try_lock(self.lock_dir / f"{sid}.lock")
+        if lock is None:
+            raise SandboxError(f"cannot lock a new sandbox id {sid}")
+        try:
+            lease = self._uids.lease() if self._uids is not None else None
+        except BaseException:
+            unlock(self.lock_dir / f"{sid}.lock", lock)
+            raise
         sandbox = BwrapSandbox(self, spec, sid, lease)
+        sandbox._lock_fd = lock
         try:
             await asyncio.to_thread(self._prepare, sandbox)
         except BaseException:
