@@ -190,3 +190,15 @@ async def test_leftovers_of_a_killed_process_are_collected_and_live_sandboxes_ke
         assert live.workspace.is_dir() and (await live.exec("true")).rc == 0
     finally:
         await live.close()
+
+
+async def test_cpu_time_and_file_size_limits_stop_the_offending_command(provider: BwrapProvider) -> None:
+    sb = await provider.create(SandboxSpec(limits=Limits(cpu_seconds=1, file_size_mb=1)))
+    try:
+        spin = await sb.exec("while :; do :; done", timeout=30)
+        assert not spin.timed_out and spin.rc != 0  # SIGXCPU, long before the wall clock
+        big = await sb.exec("head -c 3000000 /dev/zero > big.bin")
+        assert big.rc != 0
+        assert len(await sb.read("big.bin")) <= 1024 * 1024
+    finally:
+        await sb.close()
