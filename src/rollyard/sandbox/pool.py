@@ -178,7 +178,7 @@ class SandboxPool:
 
     def on_program_terminated(self, program_id: str) -> None:
         """Hook for the gateway / orchestrator: the program ended, free its sandbox. Any thread."""
-        if self._loop is None or program_id not in self._bound:
+        if self._loop is None or self._loop.is_closed() or program_id not in self._bound:
             return
         try:
             running = asyncio.get_running_loop()
