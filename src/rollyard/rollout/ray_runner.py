@@ -2,16 +2,18 @@
 
 The orchestrator keeps the gateway, program table and trainer; a worker gets a task directory
 (on a shared filesystem), the program's key and the gateway URL, and returns an
-``EpisodeResult``. ``ray.address: local`` starts a private local cluster whose session files
-live under the run dir; any other address joins an existing cluster (start it with
-``ray start --head`` / ``ray start --address=...``; the gateway must then listen on an address
-the workers reach: ``gateway.host: 0.0.0.0``).
+``EpisodeResult``. ``ray.address: local`` starts a private local cluster (its session files in
+a short temp dir named in ``RUN_DIR/logs/ray_temp_dir.txt``, removed at the end); any other
+address joins an existing cluster (``ray start --head`` / ``ray start --address=...``; the
+gateway must then listen on an address the workers reach: ``gateway.host: 0.0.0.0``).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +73,18 @@ class RayRunner:
         import ray
 
         self._owns = False
+        self._tmp: Path | None = None
         address = cfg.ray.address
         if not ray.is_initialized():
             if address == "local":
-                tmp = run_dir / "ray"
-                tmp.mkdir(parents=True, exist_ok=True)
+                # Ray's socket paths must stay under 107 bytes, so its session lives in a short
+                # temp dir (removed at close); the run dir records where.
+                self._tmp = Path(tempfile.mkdtemp(prefix="ryray-", dir="/tmp"))
+                (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+                (run_dir / "logs" / "ray_temp_dir.txt").write_text(f"{self._tmp}\n")
                 ray.init(
                     num_cpus=max(2, cfg.ray.workers),
-                    _temp_dir=str(tmp.resolve()),
+                    _temp_dir=str(self._tmp),
                     include_dashboard=False,
                     log_to_driver=False,
                 )
@@ -110,3 +116,5 @@ class RayRunner:
             ray.kill(w)
         if self._owns:
             ray.shutdown()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)

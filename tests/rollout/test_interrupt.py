@@ -1,0 +1,65 @@
+"""Ctrl-C: the run stops, its engine process group is gone, and the run dir stays resumable."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollyard.rollout.config import builtin_config, dump_config
+from rollyard.rollout.rundir import RunDir
+
+pytestmark = [pytest.mark.slow]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    cfg = builtin_config(
+        "quick",
+        {"model.path": str(tiny_model_dir), "model.create": False, "run.steps": 50, "engine.kv_tokens": 4096},
+    )
+    path = tmp_path / "run.yaml"
+    path.write_text(dump_config(cfg))
+    run = RunDir(tmp_path / "run")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollyard", "train", str(path), "--run-dir", str(run.root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 420
+        while not run.read_metrics():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no step finished in time"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 130
+    pids = [int(p) for p in re.findall(r"vllm starting pid=(\d+)", (run.logs / "run.log").read_text())]
+    assert pids, "the run started no engine"
+    for _ in range(40):
+        if all(_gone(p) for p in pids):
+            break
+        time.sleep(0.25)
+    assert all(_gone(p) for p in pids), "an engine process outlived the run"
+    assert run.has_checkpoint()
+    assert run.load_config().run.steps == 50
