@@ -202,3 +202,25 @@ async def test_cpu_time_and_file_size_limits_stop_the_offending_command(provider
         assert len(await sb.read("big.bin")) <= 1024 * 1024
     finally:
         await sb.close()
+
+
+async def test_leftover_processes_counts_only_processes_no_live_sandbox_owns(provider: BwrapProvider) -> None:
+    import asyncio
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("sandbox uids are leased only when running as root")
+    before = provider.leftover_processes()  # 0 on a host where nothing leaked before
+    sb = await provider.create(SandboxSpec())
+    busy = asyncio.ensure_future(sb.exec("sleep 3", timeout=10))
+    await asyncio.sleep(0.5)
+    assert processes_of(sb.uid) and provider.leftover_processes() == before  # live ones are owned
+    stray_uid = sb.uid + 1 if sb.uid + 1 < 1_600_000 else sb.uid - 1
+    stray = subprocess.Popen(["sleep", "10"], user=stray_uid, group=stray_uid, extra_groups=[])
+    try:
+        assert provider.leftover_processes() == before + 1  # the unowned one, not the live sandbox
+    finally:
+        stray.kill()
+        stray.wait()
+        await busy
+        await sb.close()

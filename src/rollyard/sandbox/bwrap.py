@@ -283,11 +283,22 @@ class BwrapProvider:
         return removed
 
     def leftover_processes(self) -> int:
-        """Live processes under any sandbox uid of this provider's range (one /proc scan); call it
-        when no sandbox should be running to verify that nothing leaked."""
+        """Live processes under a sandbox uid of this provider's range that no live sandbox holds
+        (its uid lock is free): leaks, from this process or any other using the same lock dir.
+        One /proc scan; sandboxes running elsewhere on the host are not counted."""
         if self._uids is None:
             return 0
-        return len(processes_in_range(self._uids.first, self._uids.count))
+        by_uid: dict[int, int] = {}
+        for uid in processes_in_range(self._uids.first, self._uids.count).values():
+            by_uid[uid] = by_uid.get(uid, 0) + 1
+        leaked = 0
+        for uid, n in by_uid.items():
+            path = self.lock_dir / f"uid-{uid}.lock"
+            fd = try_lock(path)
+            if fd is not None:
+                leaked += n
+                unlock(path, fd)
+        return leaked
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         check_spec(spec)
