@@ -1,13 +1,19 @@
 """The journal: programs, turns, events and conversation state in SQLite (WAL).
 
-Each completed turn is one transaction (turn + its events + the program's conversation
-state), committed before the client sees the answer. WAL makes a committed transaction
-survive ``kill -9`` of the process (``synchronous=NORMAL``: only a power loss can drop the
-last transactions). The file holds program keys, so it is created 0600.
+Each completed turn (turn + its events + the program's conversation state) is committed
+before the client sees the answer. WAL makes a committed transaction survive ``kill -9`` of
+the process (``synchronous=NORMAL``: only a power loss can drop the last transactions). The
+file holds program keys, so it is created 0600.
+
+Turns are written by group commit: ``record_turn`` queues its statements and waits; one
+flusher task commits everything queued so far in a single transaction on a worker thread,
+then wakes the waiters. The event loop never blocks on SQLite, and under load many turns
+share one commit (the queue is FIFO, so a program's turns land in order).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -22,6 +28,8 @@ from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
 from rollyard.gateway.renderer import ConversationState
 
 log = logging.getLogger(__name__)
+
+Statement = tuple[str, tuple[Any, ...]]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS programs (id TEXT PRIMARY KEY, body TEXT NOT NULL, outcome TEXT);
@@ -49,12 +57,19 @@ class SqliteJournal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._queue: list[tuple[list[Statement], asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     def close(self) -> None:
+        """Commit whatever is still queued (its waiters are gone with their loop), then close."""
+        leftovers = [s for stmts, _ in self._queue for s in stmts]
+        self._queue = []
+        if leftovers:
+            self._tx(leftovers)
         with self._lock:
             self._db.close()
 
-    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _tx(self, statements: list[Statement]) -> None:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -89,7 +104,7 @@ class SqliteJournal:
         return {pid: ConversationState.from_json(json.loads(body)) for pid, body in rows}
 
     # turns ----------------------------------------------------------------
-    def record_turn(
+    async def record_turn(
         self,
         program: Program,
         turn: Turn,
@@ -97,8 +112,8 @@ class SqliteJournal:
         events: list[Event],
         state: ConversationState,
     ) -> None:
-        """One transaction: the turn, its events, the conversation state and the program row."""
-        stmts: list[tuple[str, tuple[Any, ...]]] = [
+        """Durably append the turn, its events, the conversation state and the program row."""
+        stmts: list[Statement] = [
             (
                 "INSERT INTO turns (program_id, idx, segment, body) VALUES (?, ?, ?, ?)",
                 (program.id, turn.index, segment, turn.model_dump_json()),
@@ -114,7 +129,39 @@ class SqliteJournal:
             ("INSERT INTO events (program_id, body) VALUES (?, ?)", (program.id, e.model_dump_json()))
             for e in events
         ]
-        self._tx(stmts)
+        await self.commit(stmts)
+
+    async def commit(self, stmts: list[Statement]) -> None:
+        """Return once ``stmts`` are committed (group commit; see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._queue.append((stmts, done))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        await asyncio.shield(done)  # a caller that goes away does not un-commit its turn
+
+    async def _flush(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await asyncio.to_thread(self._tx, [s for stmts, _ in batch for s in stmts])
+                results: list[BaseException | None] = [None] * len(batch)
+            except sqlite3.Error:  # find the culprit: one transaction per caller
+                results = [await asyncio.to_thread(self._try_tx, stmts) for stmts, _ in batch]
+            for (_, done), err in zip(batch, results, strict=True):
+                if done.done():
+                    continue
+                if err is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(err)
+
+    def _try_tx(self, stmts: list[Statement]) -> BaseException | None:
+        try:
+            self._tx(stmts)
+        except sqlite3.Error as e:
+            return e
+        return None
 
     def record_events(self, program_id: str, events: list[Event]) -> None:
         if events:

@@ -132,6 +132,8 @@ class Scheduler:
 
     def dispatch(self) -> list[Dispatch]:
         """Start every queued request that fits, in the policy's order."""
+        if not self.queue:
+            return []
         now = self.clock.now()
         out: list[Dispatch] = []
         for p in self.policy.order(self.queue, self.state, now):
@@ -149,8 +151,10 @@ class Scheduler:
             self.running[p.request_id] = (p.program_id, engine)
             moved = self._moved.pop(p.program_id, None)
             out.append(Dispatch(p.request_id, p.program_id, engine, moved, now - p.submitted_at))
-        started = {d.request_id for d in out}
-        if started:
+        if len(out) == len(self.queue):
+            self.queue.clear()
+        elif out:
+            started = {d.request_id for d in out}
             self.queue = deque(p for p in self.queue if p.request_id not in started)
         return out
 

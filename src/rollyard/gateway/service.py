@@ -171,7 +171,7 @@ class Gateway:
                 program.phase = ProgramPhase.ACTING
                 self.pool.release(dispatch)
         assert completion is not None and dispatch is not None
-        result = self._record(program, request, plan, params, completion, dispatch, submitted, started)
+        result = await self._record(program, request, plan, params, completion, dispatch, submitted, started)
         total = self.clock.now() - submitted
         self.metrics.requests.labels(request.api, "ok").inc()
         self.metrics.latency.labels(request.api).observe(total)
@@ -202,7 +202,7 @@ class Gateway:
         )
 
     # recording ------------------------------------------------------------
-    def _record(
+    async def _record(
         self,
         program: Program,
         request: ChatRequest,
@@ -275,8 +275,17 @@ class Gateway:
             response_id=response_id,
         )
         program.context_tokens = turn.total_tokens
-        self.journal.record_turn(program, turn, segment, events, state)
+        # The state moves first: a client that disconnects mid-commit does not stop the commit
+        # (the journal shields it), so the next turn must already build on this one.
         self.conversations[program.id] = state
+        try:
+            await self.journal.record_turn(program, turn, segment, events, state)
+        except Exception:
+            if prev is None:
+                self.conversations.pop(program.id, None)
+            else:
+                self.conversations[program.id] = prev
+            raise
         self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
         self.metrics.tokens.labels("reused").inc(plan.reused_tokens)
         self.metrics.tokens.labels("completion").inc(len(completion.token_ids))
