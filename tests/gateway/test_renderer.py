@@ -68,3 +68,19 @@ def test_conversation_state_survives_json(tok) -> None:
     m = Message("assistant", "x", (ToolCall("ls", {"a": 1}, "c"),), "think")
     s = ConversationState([Message("user", "q")], "[]", m, [1, 2], [3], 4, 1, "resp_x")
     assert ConversationState.from_json(s.to_json()) == s
+
+
+def test_dropped_reasoning_extends_with_the_reasoning_ids_but_changed_reasoning_is_a_rewrite(tok) -> None:
+    r = Renderer(tok)
+    hist = [Message("user", "q")]
+    completion = [*tok.encode("<think>plan</think>a"), tok.eos_id]
+    returned = Message("assistant", "a", (), "plan")
+    state = ConversationState(hist, tools_key([]), returned, r.render_fresh(ChatRequest(hist)), completion)
+    more = [Message("user", "more")]
+    dropped = r.render(ChatRequest([*hist, Message("assistant", "a"), *more]), state)
+    kept = r.render(ChatRequest([*hist, returned, *more]), state)
+    changed = r.render(ChatRequest([*hist, Message("assistant", "a", (), "other plan"), *more]), state)
+    head = state.prompt_ids + completion
+    assert dropped.extends and dropped.prompt_ids[: len(head)] == head  # the engine still sees "plan"
+    assert kept.extends and kept.prompt_ids == dropped.prompt_ids
+    assert not changed.extends and changed.rewrite_reason == "assistant_message_edited"

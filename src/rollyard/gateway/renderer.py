@@ -10,6 +10,17 @@ caller starts a new segment.
 A completion that did not end with eos (finished by length, or aborted) is closed by
 appending the eos id before the next message; that token is part of the next prompt, so it is
 never trained on.
+
+Dropped reasoning is not a rewrite. An echoed assistant message that omits the reasoning
+the gateway returned (``reasoning_content`` / thinking) still extends the conversation; one
+whose reasoning is present but different is a rewrite (``assistant_message_edited``).
+Why: SDK clients drop reasoning by design (OpenAI Chat Completions has no request field for
+it; most agents never echo it), so a strict rule would make every turn of a thinking model a
+new segment. It stays token-exact because the previous completion ids, reasoning included,
+are reused verbatim: the engine sees the reasoning, and the turn records exactly what it saw.
+The cost: a client that drops thinking to save context saves nothing here; context limits and
+``Program.context_tokens`` count the real ids. Agents that truncate or summarize still start
+a new segment.
 """
 
 from __future__ import annotations
