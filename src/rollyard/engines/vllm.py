@@ -75,6 +75,7 @@ class VLLMBackend:
         # seeded request's sampled token is discarded (chunked prefill under load), so a
         # client's seed is dropped unless the engine is known to be safe (CUDA builds).
         self.send_seed = send_seed
+        self._worker_ext: bool | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -257,14 +258,28 @@ class VLLMBackend:
 
     async def load_weights(self, path: str, version: int) -> None:
         """Swap weights in place from a safetensors dir; later turns carry ``version``."""
+        # CPU engines started by our launcher carry a worker extension whose reload also
+        # rebuilds the prepacked GEMMs (see vllm_worker_ext); other engines use vLLM's own.
+        method = "rollyard_reload_weights" if await self._has_worker_ext() else "reload_weights"
         await self._request(
-            "POST",
-            "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+            "POST", "/collective_rpc", json={"method": method, "kwargs": {"weights_path": str(path)}}
         )
         await self.reset_prefix_cache()  # cached KV was computed by the old weights
         self._version = version
         log.info("engine=%s loaded weights version=%d path=%s", self.name, version, path)
+
+    async def _has_worker_ext(self) -> bool:
+        if self._worker_ext is None:
+            try:
+                async with self._client().post(
+                    self.url + "/collective_rpc",
+                    json={"method": "rollyard_weights_digest"},
+                    timeout=aiohttp.ClientTimeout(total=60.0),
+                ) as resp:
+                    self._worker_ext = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}") from e
+        return self._worker_ext
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
