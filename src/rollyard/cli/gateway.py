@@ -20,6 +20,8 @@ def gateway(
     admin_token: str | None = typer.Option(None, envvar="ROLLYARD_ADMIN_TOKEN", help="admin token"),
     strict_model: bool = typer.Option(False, help="reject requests naming another model"),
     capacity: int = typer.Option(256, help="concurrent requests sent to each engine"),
+    uds: Path | None = typer.Option(None, help="also serve on this unix socket (what sandboxes reach)"),
+    tcp: bool = typer.Option(True, help="serve on --host/--port (--no-tcp: the unix socket only)"),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
@@ -34,6 +36,8 @@ def gateway(
         admin_token=admin_token,
         strict_model=strict_model,
         capacity=capacity,
+        uds=uds,
+        tcp=tcp,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import Request
 
-from rollyard.core.errors import InvalidRequest
+from rollyard.core.errors import Forbidden, InvalidRequest
 from rollyard.core.program import Program
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.types import ToolCall
@@ -26,6 +26,18 @@ def api_key(request: Request) -> str | None:
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
     return request.headers.get("x-api-key") or None
+
+
+def on_unix_socket(request: Request) -> bool:
+    """True for a connection on the gateway's unix socket (uvicorn reports its server as (path, None))."""
+    server = request.scope.get("server")
+    return server is not None and server[1] is None
+
+
+async def not_on_sandbox_socket(request: Request) -> None:
+    """The unix socket is the sandboxes' door: model endpoints only, whatever key is shown."""
+    if on_unix_socket(request):
+        raise Forbidden("this endpoint is not served on the gateway's sandbox socket")
 
 
 async def caller(request: Request) -> Program:

@@ -1,17 +1,20 @@
-"""Program administration: create, list, read, finish, trajectory (admin token, or the program's own key)."""
+"""Program administration: create, list, read, finish, trajectory (admin token, or the program's own key).
+
+None of it is served on the unix socket that sandboxes reach (403 there, even with the admin token).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.trajectory import Outcome
-from rollyard.gateway.edge import api_key, gateway
+from rollyard.gateway.edge import api_key, gateway, not_on_sandbox_socket
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(not_on_sandbox_socket)])
 
 
 class CreateProgram(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
-from rollyard.gateway.edge import caller, gateway
+from rollyard.gateway.edge import caller, gateway, not_on_sandbox_socket
 
 router = APIRouter()  # mounted at the root only
 model_router = APIRouter()  # mounted under every API prefix
@@ -28,7 +28,7 @@ async def health(request: Request) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(not_on_sandbox_socket)])
 async def metrics(request: Request) -> Response:
     gw = gateway(request)
     counts = Counter(p.state.value for p in gw.programs.all())

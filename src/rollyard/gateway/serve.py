@@ -1,8 +1,18 @@
-"""Run the gateway process: engines from URLs, tokenizer from the model dir, uvicorn in front."""
+"""Run the gateway process: engines from URLs, tokenizer from the model dir, uvicorn in front.
+
+It listens on TCP, on a unix socket, or both (one uvicorn server over both sockets). The unix
+socket is what black-box sandboxes reach (their directory is bound in, a forwarder relays to
+it): its directory is 0755 and the socket 0777 so the sandbox's unprivileged uid can connect,
+which grants nothing by itself: every model request still needs its program's key, and admin
+endpoints are refused on the socket (``edge.not_on_sandbox_socket``).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import stat
 from pathlib import Path
 
 import httpx
@@ -29,6 +39,30 @@ def discover_model_dir(engine_url: str) -> tuple[Path, str]:
     return root, str(card["id"])
 
 
+def bind_unix_socket(path: Path, backlog: int = 2048) -> socket.socket:
+    """A listening unix socket at ``path`` (dir 0755, socket 0777); a stale socket file is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    os.chmod(path, 0o777)
+    sock.listen(backlog)
+    return sock
+
+
+def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    return sock
+
+
 def serve(
     engines: list[str],
     *,
@@ -40,11 +74,16 @@ def serve(
     admin_token: str | None,
     strict_model: bool = False,
     capacity: int = 256,
+    uds: Path | None = None,
+    tcp: bool = True,
 ) -> None:
+    """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given."""
     from rollyard.engines.vllm import VLLMBackend
 
     if not engines:
         raise ConfigError("give at least one --engine URL")
+    if not tcp and uds is None:
+        raise ConfigError("--no-tcp needs --uds PATH (nothing to listen on)")
     found_dir, found_name = (model_dir, model_name) if model_dir else discover_model_dir(engines[0])
     token, token_file = resolve_admin_token(admin_token, state_dir)
     if token_file is not None:
@@ -62,7 +101,16 @@ def serve(
     )
     import uvicorn
 
-    uvicorn.run(create_app(gw), host=host, port=port, log_level="warning", access_log=False)
+    sockets = [bind_tcp(host, port)] if tcp else []
+    if uds is not None:
+        sockets.append(bind_unix_socket(uds))
+        print(f"rollyard gateway: unix socket {uds}", flush=True)
+    config = uvicorn.Config(create_app(gw), log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=sockets)
+    finally:
+        if uds is not None:
+            uds.unlink(missing_ok=True)
 
 
 def export_group(journal: Path, group_id: str | None, out: Path) -> int:
