@@ -91,7 +91,10 @@ def test_admin_endpoints_refuse_program_keys_and_missing_tokens(client: TestClie
     assert client.post("/programs", json={}, headers={"x-api-key": prog["api_key"]}).status_code == 401
     other = new_program(client)
     r = client.get(f"/programs/{other['id']}/trajectory", headers={"x-api-key": prog["api_key"]})
-    assert r.status_code == 403
+    assert r.status_code == 401
+    # A program key reaches only model endpoints, not even its own program's records.
+    for path in (f"/programs/{prog['id']}", f"/programs/{prog['id']}/trajectory"):
+        assert client.get(path, headers={"x-api-key": prog["api_key"]}).status_code == 401
     listing = client.get("/programs", headers={"x-api-key": ADMIN}).json()["data"]
     assert listing and all("api_key" not in p for p in listing)
 

@@ -27,7 +27,7 @@ def test_restart_reloads_programs_and_continues_the_segment(tok, tmp_path: Path)
     with TestClient(create_app(build_gateway({"e": engine}, tok, db, ADMIN, "tiny"))) as c:
         api = openai.OpenAI(base_url="http://testserver/v1", api_key=prog["api_key"], http_client=c)
         api.chat.completions.create(model="tiny", messages=msgs)
-        body = c.get(f"/programs/{prog['id']}/trajectory", headers={"x-api-key": prog["api_key"]}).json()
+        body = c.get(f"/programs/{prog['id']}/trajectory", headers={"x-api-key": ADMIN}).json()
     traj = Trajectory.model_validate(body)
     assert traj.num_turns == 2 and len(traj.segments) == 1
     assert engine.prompts[1][: len(engine.prompts[0])] == engine.prompts[0]

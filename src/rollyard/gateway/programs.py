@@ -97,12 +97,6 @@ class ProgramTable:
             raise Forbidden("this key belongs to another program")
         return prog
 
-    def authorize_read(self, key: str | None, program_id: str) -> Program:
-        """Admin, or the program itself, may read a program and its trajectory."""
-        if self.is_admin(key):
-            return self.get(program_id)
-        return self.authenticate(key, program_id)
-
     # lifecycle ------------------------------------------------------------
     def get(self, program_id: str) -> Program:
         p = self._programs.get(program_id)

@@ -1,4 +1,6 @@
-"""Program administration: create, list, read, finish, trajectory (admin token, or the program's own key).
+"""Program administration: create, list, read, finish, trajectory; all need the admin token.
+
+A program's own key reaches only the model endpoints, never these (not even for itself).
 
 None of it is served on the unix socket that sandboxes reach (403 there, even with the admin token).
 """
@@ -57,7 +59,8 @@ async def list_programs(request: Request, group_id: str | None = None) -> dict[s
 @router.get("/programs/{program_id}")
 async def get_program(program_id: str, request: Request) -> dict[str, Any]:
     gw = gateway(request)
-    return gw.programs.authorize_read(api_key(request), program_id).public()
+    gw.programs.require_admin(api_key(request))
+    return gw.programs.get(program_id).public()
 
 
 @router.post("/programs/{program_id}/finish")
@@ -71,5 +74,6 @@ async def finish_program(program_id: str, body: FinishProgram, request: Request)
 @router.get("/programs/{program_id}/trajectory")
 async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
     gw = gateway(request)
-    gw.programs.authorize_read(api_key(request), program_id)
+    gw.programs.require_admin(api_key(request))
+    gw.programs.get(program_id)
     return gw.journal.trajectory(program_id).model_dump(mode="json")
