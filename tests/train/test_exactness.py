@@ -102,11 +102,10 @@ def test_merged_tree_training_equals_unmerged(samples: list[Sample], loss: LossC
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sample_batches(), st.integers(2, 12), st.integers(1, 24))
+@given(sample_batches(), st.integers(2, 12), st.integers(1, 24), st.sampled_from(_LOSSES))
 def test_cut_trees_and_small_micro_batches_change_nothing(
-    samples: list[Sample], cap: int, budget: int
+    samples: list[Sample], cap: int, budget: int, loss: LossConfig
 ) -> None:
-    loss = LossConfig(kind="ppo")
     whole = _run(samples, "rollyard_tree", loss)
     cut = _run(samples, "rollyard_tree", loss, max_tree_tokens=cap, token_budget=budget)
     _assert_same(cut, whole)

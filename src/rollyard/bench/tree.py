@@ -9,13 +9,15 @@ Baseline: the same samples, each its own causal sequence, packed into micro-batc
 token budget, same attention kernel, same loss. Each variant runs in a fresh subprocess so its
 peak memory is its own: torch's CPU allocations are invisible to tracemalloc, so we read the
 process's RSS high-water mark (``ru_maxrss``) before and after the step and report the rise
-(activation memory) and the peak.
+(activation memory) and the peak. The 1-minute load average is recorded around each variant:
+on shared cores, time ratios are only as good as the load was steady.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import resource
 import subprocess
@@ -125,7 +127,9 @@ def main(quick: bool = False) -> dict[str, Any]:
     for name in ("group", "multiturn"):
         for merged in (True, False):
             key = f"{name}_{'merged' if merged else 'unmerged'}"
+            load_before = os.getloadavg()[0]
             details[key] = _spawn(name, merged, quick)
+            details[key]["load_avg_1m"] = [load_before, os.getloadavg()[0]]
             logger.info("bench tree %s: %s", key, details[key])
     g_m, g_u = details["group_merged"], details["group_unmerged"]
     t_m, t_u = details["multiturn_merged"], details["multiturn_unmerged"]
