@@ -90,20 +90,22 @@ async def run_program(
     task: Task,
     group_id: str,
     temperature: float,
-    retries: int = 2,
+    retries: int = 3,
 ) -> Trajectory:
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.gateway
     cfg = svc.cfg
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
     for attempt in range(retries + 1):
-        program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
-        res = await runner.run(task, program, svc.gateway.url + "/v1", agent_config(cfg))
+        async with svc.slots:
+            program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
+            res = await runner.run(task, program, svc.gateway.url + "/v1", agent_config(cfg))
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
         gw.programs.finish(program.id, state, res.status, res.outcome)
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
             log.warning("program=%s lost its engine; healing and re-running", program.id)
             await svc.fleet.heal()
+            await asyncio.sleep(2.0 * (attempt + 1))  # let an overloaded engine drain
             await gw.pool.refresh()
             continue
         return gw.journal.trajectory(program.id)

@@ -121,6 +121,7 @@ class RunConfig(_Section):
     group_size: int = Field(default=4, ge=2)
     temperature: float = Field(default=1.0, ge=0.0)
     max_groups_in_flight: int = Field(default=8, ge=1)
+    max_programs: int = Field(default=24, ge=1)  # programs running at once (train + held-out)
     seed: int = 0
     checkpoint_every: int = Field(default=1, ge=1)
     keep_weights: int = Field(default=2, ge=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def _execute(cfg: Config, run: RunDir, resume: bool) -> dict[str, Any]:
+    # SIGTERM gets Ctrl-C's orderly teardown (asyncio cancels the run; engines and sandboxes stop).
+    signal.signal(signal.SIGTERM, lambda _s, _f: signal.raise_signal(signal.SIGINT))
     with run_log(run.root), LiveProgress(cfg.run.steps) as progress:
         return asyncio.run(train(cfg, run, resume=resume, progress=progress if cfg.run.progress else None))
 

@@ -165,6 +165,7 @@ class Services:
     gateway: GatewayServer
     provider: SandboxProvider
     pool: SandboxPool
+    slots: asyncio.Semaphore  # bounds programs running at once, so a burst cannot swamp the engines
 
 
 @contextlib.asynccontextmanager
@@ -178,7 +179,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
             provider = make_provider(cfg, run_dir)
             pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
             try:
-                yield Services(cfg, fleet, gw, provider, pool)
+                yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
             finally:
                 await asyncio.shield(pool.close())
                 if pool.stats.leaks:
