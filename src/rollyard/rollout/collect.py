@@ -100,6 +100,8 @@ async def run_program(
         async with svc.slots:
             program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
             res = await runner.run(task, program, svc.gateway.url + "/v1", agent_config(cfg))
+        if svc.gateway.closing:  # the run is being torn down; its journal is closing
+            raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
         gw.programs.finish(program.id, state, res.status, res.outcome)
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:

@@ -106,8 +106,10 @@ class GatewayServer:
     admin_token: str
     _server: object
     _task: asyncio.Task[None]
+    closing: bool = False  # set first at teardown: a program ending now must not touch the journal
 
     async def stop(self) -> None:
+        self.closing = True
         self._server.should_exit = True  # type: ignore[attr-defined]
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(self._task, 15)
@@ -181,6 +183,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
             try:
                 yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
             finally:
+                gw.closing = True
                 await asyncio.shield(pool.close())
                 if pool.stats.leaks:
                     raise SandboxError(f"{pool.stats.leaks} sandbox resources leaked at teardown")
