@@ -31,6 +31,7 @@ from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services
+from rollyard.rollout.threads import in_daemon_thread
 from rollyard.tasks.model import Task
 from rollyard.train.publish import WeightPublisher
 from rollyard.train.trainer import Trainer
@@ -154,7 +155,7 @@ class TrainingLoop:
         groups = await self._take()
         t1 = self.clock.now()
         samples = [s for g in groups for s in g.samples]
-        m = await asyncio.to_thread(self.trainer.train_step, samples)
+        m = await in_daemon_thread(self.trainer.train_step, samples)
         t2 = self.clock.now()
         version = self.s.version + 1
         path = await self.publisher.publish(self.trainer.model, version)

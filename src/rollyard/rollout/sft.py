@@ -26,6 +26,7 @@ from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.gateway.types import Message
 from rollyard.rollout.collect import agent_config
 from rollyard.rollout.config import Config
+from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.tasks import prepare, solve
 from rollyard.tasks.model import Task
@@ -108,7 +109,7 @@ async def warm_start(
     log.info("sft demonstrations=%d tokens=%d", len(samples), sum(len(s.token_ids) for s in samples))
     data = write_demonstrations(samples, out_root / "demos.jsonl")
     steps = math.ceil(len(samples) * cfg.sft.epochs / cfg.sft.batch)
-    result = await asyncio.to_thread(
+    result = await in_daemon_thread(
         run_sft,
         base_dir,
         data,
