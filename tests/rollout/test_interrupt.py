@@ -36,16 +36,18 @@ def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
     path = tmp_path / "run.yaml"
     path.write_text(dump_config(cfg))
     run = RunDir(tmp_path / "run")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollyard", "train", str(path), "--run-dir", str(run.root)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Output goes to a file, not a pipe: an unread pipe fills up and blocks the child's exit.
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rollyard", "train", str(path), "--run-dir", str(run.root)],
+            stdout=subprocess.DEVNULL,
+            stderr=err_file,
+        )
     try:
         deadline = time.monotonic() + 420
         while not run.read_metrics():
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert proc.poll() is None, err.read_text()[-2000:]
             assert time.monotonic() < deadline, "no step finished in time"
             time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
