@@ -17,7 +17,7 @@ test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow and not engine"
 
 demo: setup
-	.venv/bin/rollyard engine demo
+	.venv/bin/rollyard demo
 
 bench: setup
 	.venv/bin/rollyard bench all
