@@ -9,7 +9,7 @@ import shlex
 
 from rollyard.core.errors import TaskError
 from rollyard.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
-from rollyard.tasks.interp import host_python
+from rollyard.sandbox.host_python import host_python
 from rollyard.tasks.model import SOLUTION_SCRIPT, SolutionKind, Task
 
 log = logging.getLogger(__name__)

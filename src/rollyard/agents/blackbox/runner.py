@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
-import sys
-import sysconfig
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from rollyard.core.errors import ConfigError, SandboxError
 from rollyard.sandbox.base import Sandbox, SandboxSpec
+from rollyard.sandbox.host_python import host_python
 
 from . import forwarder
 from .profile import AGENT_DIR, OutputSource, RunnerProfile, TaskInput, render
@@ -49,16 +48,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _python_env(isolated: bool) -> tuple[list[tuple[Path, Path]], dict[str, str]]:
-    """Binds and env so ``python3`` in the sandbox sees this environment's packages (read-only)."""
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    if not isolated:
-        return [], {**env, "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
-    paths = sysconfig.get_paths()
-    site = sorted({Path(paths["purelib"]), Path(paths["platlib"])})
-    return [(p, p) for p in site], {**env, "PYTHONPATH": ":".join(map(str, site))}
-
-
 class BlackBoxRunner:
     """One profile, one gateway socket; ``spec`` builds the sandbox, ``run`` runs the agent in it."""
 
@@ -70,7 +59,8 @@ class BlackBoxRunner:
     def spec(self, base: SandboxSpec | None = None) -> SandboxSpec:
         """``base`` plus the socket dir (read-write), the forwarder, examples and Python (read-only)."""
         base = base or SandboxSpec()
-        binds, env = _python_env(self.isolated)
+        py = host_python(isolated=self.isolated)
+        binds, env = py.ro_binds, {**py.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         if not self.isolated:
             return base.model_copy(update={"env": {**base.env, **env}})
         ro = [*base.ro_binds, *binds, (FORWARDER.parent, FORWARDER.parent), (EXAMPLES_DIR, EXAMPLES_DIR)]

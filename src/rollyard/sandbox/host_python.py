@@ -1,4 +1,4 @@
-"""The host's Python inside sandboxes, read-only, so hidden tests (pytest) can run there.
+"""The host's Python inside sandboxes, read-only, so hidden tests (pytest) and Python agents run there.
 
 Commands say ``python3``. Where the sandbox shares the host's filesystem (the ``local``
 provider) this interpreter's bin directory simply goes first on PATH. In an isolated sandbox
