@@ -108,6 +108,8 @@ async def run_program(
             log.warning("program=%s lost its engine; healing and re-running", program.id)
             await svc.fleet.heal()
             await asyncio.sleep(2.0 * (attempt + 1))  # let an overloaded engine drain
+            if svc.gateway.closing:  # torn down meanwhile: no re-run on a closed gateway
+                raise asyncio.CancelledError
             await gw.pool.refresh()
             continue
         return gw.journal.trajectory(program.id)

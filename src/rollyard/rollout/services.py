@@ -23,6 +23,7 @@ from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.config import Config
+from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.sandbox.pool import SandboxPool
 
@@ -39,6 +40,7 @@ class EngineFleet:
     version: int
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restarts: int = 0
+    closing: bool = False  # set first at teardown: a dead engine is then not restarted
 
     def live(self, path: Path, version: int) -> None:
         """Record the weights now live, so a restart comes back on them."""
@@ -49,18 +51,21 @@ class EngineFleet:
         async with self._lock:
             restarted = False
             for server, backend in zip(self.servers, self.backends, strict=False):
-                if server.alive():
+                if server.alive() or self.closing:
                     continue
                 log.warning("engine %s died; restarting on weights v%d", backend.name, self.version)
                 server.stop()
                 server.model_dir = self.weights
-                await asyncio.to_thread(server.start)
+                # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
+                # (the server's atexit hook still stops what it started).
+                await in_daemon_thread(server.start)
                 backend._version = self.version  # the restarted process serves exactly these weights
                 self.restarts += 1
                 restarted = True
             return restarted
 
     def stop(self) -> None:
+        self.closing = True
         for s in self.servers:
             s.stop()
 
@@ -183,7 +188,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
             try:
                 yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
             finally:
-                gw.closing = True
+                fleet.closing = gw.closing = True
                 await asyncio.shield(pool.close())
                 if pool.stats.leaks:
                     raise SandboxError(f"{pool.stats.leaks} sandbox resources leaked at teardown")
