@@ -18,6 +18,11 @@ from rollyard.rollout.rundir import RunDir
 pytestmark = [pytest.mark.slow]
 
 
+def _engine_pids(run: RunDir) -> list[int]:
+    log = run.logs / "run.log"
+    return [int(p) for p in re.findall(r"vllm starting pid=(\d+)", log.read_text())] if log.exists() else []
+
+
 def _gone(pid: int) -> bool:
     try:
         os.killpg(pid, 0)
@@ -62,8 +67,12 @@ def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+            for pid in _engine_pids(run):  # a hung run must not leave its engine to the next tests
+                if not _gone(pid):
+                    os.killpg(pid, signal.SIGKILL)
     assert rc == 130
-    pids = [int(p) for p in re.findall(r"vllm starting pid=(\d+)", (run.logs / "run.log").read_text())]
+    pids = _engine_pids(run)
     assert pids, "the run started no engine"
     for _ in range(40):
         if all(_gone(p) for p in pids):
