@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 from rollyard.core.errors import ConfigError
 from rollyard.rollout.config import Config, builtin_config, load_config, resolve_paths
+from rollyard.rollout.interrupt import InterruptGuard
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.progress import LiveProgress
 from rollyard.rollout.report import make_report, summarize
@@ -58,11 +57,16 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+# Ctrl-C's orderly teardown (programs, gateway, sandboxes, engines) normally takes seconds; past
+# this (or at a second Ctrl-C) engines are SIGKILLed and the process leaves at once.
+TEARDOWN_GRACE_S = 90.0
+
+
 def _execute(cfg: Config, run: RunDir, resume: bool) -> dict[str, Any]:
-    # SIGTERM gets Ctrl-C's orderly teardown (asyncio cancels the run; engines and sandboxes stop).
-    signal.signal(signal.SIGTERM, lambda _s, _f: signal.raise_signal(signal.SIGINT))
+    # SIGINT and SIGTERM both cancel the run; see rollyard.rollout.interrupt.
+    guard = InterruptGuard(TEARDOWN_GRACE_S)
     with run_log(run.root), LiveProgress(cfg.run.steps) as progress:
-        return asyncio.run(train(cfg, run, resume=resume, progress=progress if cfg.run.progress else None))
+        return guard.run(train(cfg, run, resume=resume, progress=progress if cfg.run.progress else None))
 
 
 def run_training(

@@ -11,10 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import uvicorn
 
 from rollyard.core.errors import EngineStartError, SandboxError
 from rollyard.engines.launcher import VLLMServer, free_port
@@ -23,6 +28,7 @@ from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.config import Config
+from rollyard.rollout.interrupt import on_forced_exit
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.sandbox.pool import SandboxPool
@@ -58,11 +64,18 @@ class EngineFleet:
                 server.model_dir = self.weights
                 # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
                 # (the server's atexit hook still stops what it started).
-                await in_daemon_thread(server.start)
+                await in_daemon_thread(self._restart, server)
                 backend._version = self.version  # the restarted process serves exactly these weights
                 self.restarts += 1
                 restarted = True
             return restarted
+
+    def _restart(self, server: VLLMServer) -> None:
+        if self.closing:  # teardown began while this thread was being started
+            return
+        server.start()
+        if self.closing:  # teardown began during the start-up: its stop() may have missed this one
+            server.stop()
 
     def stop(self) -> None:
         self.closing = True
@@ -70,9 +83,28 @@ class EngineFleet:
             s.stop()
 
 
-def start_engines(cfg: Config, run_dir: Path, weights: Path, version: int) -> EngineFleet:
-    """Start ``engine.count`` local vLLMs on ``weights`` (or attach to ``engine.urls``)."""
-    servers: list[VLLMServer] = []
+def kill_servers(servers: list[VLLMServer]) -> None:
+    """SIGKILL every engine's process group now, without waiting or logging: the forced-exit
+    path (engines run in their own sessions, so they would outlive this process)."""
+    for s in list(servers):
+        if s.proc is not None and s.proc.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(s.proc.pid, signal.SIGKILL)
+
+
+def start_engines(
+    cfg: Config,
+    run_dir: Path,
+    weights: Path,
+    version: int,
+    servers: list[VLLMServer] | None = None,
+    abort: threading.Event | None = None,
+) -> EngineFleet:
+    """Start ``engine.count`` local vLLMs on ``weights`` (or attach to ``engine.urls``).
+
+    Each server is appended to ``servers`` before it starts, so a caller that stops waiting
+    (Ctrl-C during the ~40 s start-up) can stop them; ``abort`` set means: start no more."""
+    servers = [] if servers is None else servers
     backends: list[VLLMBackend] = []
     try:
         if cfg.engine.urls:
@@ -80,6 +112,8 @@ def start_engines(cfg: Config, run_dir: Path, weights: Path, version: int) -> En
         else:
             urls = []
             for i in range(cfg.engine.count):
+                if abort is not None and abort.is_set():
+                    raise EngineStartError("engine start-up aborted")
                 server = VLLMServer(
                     weights,
                     kv_tokens=cfg.engine.kv_tokens,
@@ -90,6 +124,8 @@ def start_engines(cfg: Config, run_dir: Path, weights: Path, version: int) -> En
                 )
                 servers.append(server)
                 server.start()
+                if abort is not None and abort.is_set():  # the caller gave up during start-up
+                    raise EngineStartError("engine start-up aborted")
                 urls.append(server.url)
         for i, url in enumerate(urls):
             backends.append(
@@ -104,6 +140,29 @@ def start_engines(cfg: Config, run_dir: Path, weights: Path, version: int) -> En
     return EngineFleet(servers, backends, weights, version)
 
 
+# In-flight gateway requests get this long to finish at teardown before uvicorn cancels them;
+# the journal is closed after that (by the app's lifespan), so no handler writes to a closed one.
+GATEWAY_DRAIN_S = 5.0
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn's Server without its signal handling.
+
+    ``Server.serve`` installs its own SIGINT/SIGTERM handlers while it serves (``capture_signals``
+    in current uvicorn, ``install_signal_handlers`` in older ones). In-process, that steals the
+    run's Ctrl-C: the gateway shuts itself down first (programs see "lost its engine", the journal
+    closes under them) and re-raises the signal only after every connection has drained, to the
+    previous handler, which may be SIG_IGN; the run then never tears down. The CLI owns the
+    signals (``rollyard.rollout.interrupt``) and stops the gateway itself, in order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    def install_signal_handlers(self) -> None:
+        return
+
+
 @dataclass
 class GatewayServer:
     gateway: Gateway
@@ -114,16 +173,19 @@ class GatewayServer:
     closing: bool = False  # set first at teardown: a program ending now must not touch the journal
 
     async def stop(self) -> None:
+        """Stop accepting, let in-flight handlers finish (``GATEWAY_DRAIN_S``, then cancelled),
+        then the lifespan closes the engine clients and the journal, in that order."""
         self.closing = True
         self._server.should_exit = True  # type: ignore[attr-defined]
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self._task, 15)
+            await asyncio.wait_for(self._task, GATEWAY_DRAIN_S + 15)
+        if self._task.cancelled():  # cut off before its lifespan ended: close the journal here
+            with contextlib.suppress(Exception):
+                self.gateway.journal.close()
 
 
 async def start_gateway(cfg: Config, run_dir: Path, fleet: EngineFleet, model_dir: Path) -> GatewayServer:
     """The gateway in this process: uvicorn served from an asyncio task, journal in the run dir."""
-    import uvicorn
-
     token = "rya-" + secrets.token_urlsafe(24)
     gw = build_gateway(
         {b.name: b for b in fleet.backends},
@@ -135,10 +197,15 @@ async def start_gateway(cfg: Config, run_dir: Path, fleet: EngineFleet, model_di
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(
-        create_app(gw), host=cfg.gateway.host, port=port, log_level="warning", access_log=False, lifespan="on"
+        create_app(gw),
+        host=cfg.gateway.host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=int(GATEWAY_DRAIN_S),
     )
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the CLI owns SIGINT
+    server = QuietServer(config)
     task = asyncio.create_task(server.serve())
     for _ in range(200):
         if server.started:
@@ -179,21 +246,41 @@ class Services:
 async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int) -> AsyncIterator[Services]:
     """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    fleet = await asyncio.to_thread(start_engines, cfg, run_dir, weights, version)
-    try:
-        gw = await start_gateway(cfg, run_dir, fleet, weights)
+    starting: list[VLLMServer] = []
+    with on_forced_exit(lambda: kill_servers(starting)):
+        fleet = await _start_engines(cfg, run_dir, weights, version, starting)
         try:
-            provider = make_provider(cfg, run_dir)
-            pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
+            gw = await start_gateway(cfg, run_dir, fleet, weights)
             try:
-                yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
+                provider = make_provider(cfg, run_dir)
+                pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
+                try:
+                    yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
+                finally:
+                    # Callers have cancelled their programs by now. The gateway goes first: it stops
+                    # accepting, drains or cancels its handlers and only then closes the journal.
+                    fleet.closing = gw.closing = True
+                    await asyncio.shield(gw.stop())
             finally:
-                fleet.closing = gw.closing = True
                 await asyncio.shield(pool.close())
                 if pool.stats.leaks:
                     raise SandboxError(f"{pool.stats.leaks} sandbox resources leaked at teardown")
         finally:
-            await asyncio.shield(gw.stop())
-    finally:
-        fleet.stop()
-        log.info("services stopped")
+            fleet.stop()
+            log.info("services stopped")
+
+
+async def _start_engines(
+    cfg: Config, run_dir: Path, weights: Path, version: int, servers: list[VLLMServer]
+) -> EngineFleet:
+    """``start_engines`` in a daemon thread: Ctrl-C during the start-up stops waiting at once
+    (``asyncio.to_thread`` would hold the exit until the engine is healthy) and stops the
+    servers started so far."""
+    abort = threading.Event()
+    try:
+        return await in_daemon_thread(start_engines, cfg, run_dir, weights, version, servers, abort)
+    except BaseException:
+        abort.set()
+        for s in servers:
+            s.stop()
+        raise
