@@ -50,15 +50,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _start(tmp_path: Path, mode: str, grace_s: float, ignore_sigint: bool = False) -> subprocess.Popen[bytes]:
-    def ignore() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a non-interactive shell's `cmd &` does
+# SIGINT ignored, then exec: the disposition a non-interactive shell gives a `cmd &`.
+IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(tmp_path), mode, str(grace_s)],
-        stderr=subprocess.DEVNULL,
-        preexec_fn=ignore if ignore_sigint else None,
-    )
+
+def _start(tmp_path: Path, mode: str, grace_s: float, ignore_sigint: bool = False) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-c", CHILD, str(tmp_path), mode, str(grace_s)]
+    proc = subprocess.Popen([*IGNORING_SIGINT, *argv] if ignore_sigint else argv, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not (tmp_path / "ready").exists():
         assert proc.poll() is None, "the child died before it was ready"

@@ -35,6 +35,8 @@ from rollyard.sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
 
+ENGINE_STOP_S = 5.0  # how long a stopping engine may take before its process group is SIGKILLed
+
 
 @dataclass
 class EngineFleet:
@@ -78,9 +80,11 @@ class EngineFleet:
             server.stop()
 
     def stop(self) -> None:
+        """SIGTERM each engine, SIGKILL its group after ``ENGINE_STOP_S``: the weights it serves are
+        on disk already, so its graceful shutdown (slow on a loaded box) protects nothing."""
         self.closing = True
         for s in self.servers:
-            s.stop()
+            s.stop(timeout_s=ENGINE_STOP_S)
 
 
 def kill_servers(servers: list[VLLMServer]) -> None:
