@@ -224,3 +224,84 @@ async def test_leftover_processes_counts_only_processes_no_live_sandbox_owns(pro
         stray.wait()
         await busy
         await sb.close()
+
+
+def _limits_of(pid: int) -> dict[str, str]:
+    rows = Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]
+    return {r[:26].strip(): r[26:47].strip() for r in rows}
+
+
+@pytest.fixture(params=["setpriv+dash", "preexec_fn"])
+def confining(request: pytest.FixtureRequest, provider: BwrapProvider) -> BwrapProvider:
+    """The provider confining bwrap each way it can: setpriv and dash after a vfork, or a fork
+    with a preexec_fn where those are missing."""
+    if request.param == "setpriv+dash" and (provider.dash is None or provider.setpriv is None):
+        pytest.skip("dash or setpriv is not installed")
+    if request.param == "preexec_fn":
+        provider.dash = None
+    return provider
+
+
+async def test_bwrap_and_every_process_it_starts_run_inside_the_limits_and_cgroups(
+    confining: BwrapProvider,
+) -> None:
+    import asyncio
+
+    sb = await confining.create(SandboxSpec(limits=Limits(max_processes=40, memory_mb=300, cpu_seconds=7)))
+    try:
+        inside = await sb.exec("ulimit -u; ulimit -v; ulimit -t; ulimit -f; ulimit -c")
+        assert inside.stdout.split() == ["42", str(300 * 1024), "7", str(256 * 1024), "0"]
+        if not sb.cgroups:
+            return
+        busy = asyncio.ensure_future(sb.exec("sleep 5 & sleep 5; wait", timeout=20))
+        members: list[str] = []
+        for _ in range(100):  # bwrap, its init, bash and two sleeps
+            members = (sb.cgroups[0] / "cgroup.procs").read_text().split()
+            if len(members) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        for d in sb.cgroups:
+            assert sorted((d / "cgroup.procs").read_text().split()) == sorted(members)
+        assert len(members) >= 5
+        for pid in members:  # the bwrap processes too, not only what runs inside
+            lim = _limits_of(int(pid))
+            assert lim["Max processes"] == "42" and lim["Max cpu time"] == "7"
+        await sb.close()
+        assert (await busy).rc == -9
+    finally:
+        await sb.close()
+
+
+async def test_a_sandbox_that_lost_its_cgroup_refuses_to_run_rather_than_run_unconfined(
+    confining: BwrapProvider,
+) -> None:
+    from rollyard.sandbox._cgroup import Cgroups
+
+    sb = await confining.create(SandboxSpec())
+    try:
+        if not sb.cgroups:
+            pytest.skip("no writable cgroups on this host")
+        Cgroups.remove(sb.cgroups)
+        try:
+            r = await sb.exec(["touch", "ran"])
+            assert r.rc != 0  # dash stopped before exec'ing bwrap
+        except SandboxError as e:  # the preexec_fn failed: Popen raised
+            assert "cannot start" in str(e)
+        assert not (sb.workspace / "ran").exists() and processes_of(sb.uid) == []
+    finally:
+        await sb.close()
+
+
+async def test_commands_start_without_copying_the_host_process_where_setpriv_and_dash_exist(
+    provider: BwrapProvider,
+) -> None:
+    """Popen forks (copying the page tables of this whole process) whenever it must switch uid or
+    run a preexec_fn; with neither it uses vfork, whose cost does not grow with the host process."""
+    if provider.dash is None or provider.setpriv is None:
+        pytest.skip("dash or setpriv is not installed")
+    sb = await provider.create(SandboxSpec())
+    try:
+        assert sb._popen_uid is None and sb._preexec is None
+        assert (await sb.exec("id -u")).stdout.strip() == "1000"
+    finally:
+        await sb.close()

@@ -29,15 +29,25 @@ def _cpu_s() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-async def _lifecycles(provider: SandboxProvider, n: int) -> tuple[list[float], int, int, float]:
+async def _lifecycles(
+    provider: SandboxProvider, n: int, phases: dict[str, list[float]] | None = None
+) -> tuple[list[float], int, int, float]:
+    """``n`` create + exec ``true`` + close; wall ms each, leaks, failures, CPU ms per lifecycle.
+    ``phases`` collects the wall ms of each step, to show where a regression went."""
     times, leaks, failures = [], 0, 0
+    steps = phases if phases is not None else {}
     cpu0 = _cpu_s()
     for _ in range(n):
         t0 = time.perf_counter()
         sb = await provider.create(SandboxSpec())
+        t1 = time.perf_counter()
         r = await sb.exec(["true"])
+        t2 = time.perf_counter()
         await sb.close()
-        times.append((time.perf_counter() - t0) * 1000)
+        t3 = time.perf_counter()
+        times.append((t3 - t0) * 1000)
+        for name, a, b in (("create", t0, t1), ("exec", t1, t2), ("close", t2, t3)):
+            steps.setdefault(name, []).append((b - a) * 1000)
         leaks += int(getattr(sb, "leaked", 0))
         failures += int(r.rc != 0)
     return times, leaks, failures, (_cpu_s() - cpu0) / n * 1000
@@ -65,12 +75,14 @@ async def _run(quick: bool, root: Path) -> dict[str, Any]:
     bwrap = BwrapProvider(root / "bwrap")
     local = LocalProvider(root / "local", unsafe=True)
     await _lifecycles(bwrap, 3)  # warm caches
-    b_times, b_leaks, b_fail, b_cpu = await _lifecycles(bwrap, n)
+    phases: dict[str, list[float]] = {}
+    b_times, b_leaks, b_fail, b_cpu = await _lifecycles(bwrap, n, phases)
     l_times, l_leaks, l_fail, l_cpu = await _lifecycles(local, n)
     per_s, p_leaks = await _pool_throughput(bwrap, 32, 2 if quick else 5)
     stray = bwrap.leftover_processes()  # any process under any sandbox uid, now that all are closed
     return {
         "cpu_ms": {"bwrap": b_cpu, "local": l_cpu},
+        "phases_p50_ms": {name: _pct(xs, 0.5) for name, xs in phases.items()},
         "stray_processes": stray,
         "bwrap_ms": b_times,
         "local_ms": l_times,
@@ -104,6 +116,7 @@ def main(quick: bool = False) -> dict[str, Any]:
             "p99_ms": _pct(b, 0.99),
             "mean_ms": statistics.fmean(b),
             "cpu_ms_per_lifecycle": res["cpu_ms"]["bwrap"],
+            "phases_p50_ms": res["phases_p50_ms"],
             "n": len(b),
         },
         "local": {

@@ -2,10 +2,11 @@
 
 - ``BwrapProvider`` (default): every ``exec`` is one bubblewrap run in fresh user/pid/net/ipc/uts/
   cgroup/mount namespaces, as uid 1000 inside and a leased unprivileged host uid outside (so
-  RLIMIT_NPROC binds even when the host user is root), under ``prlimit`` and, where writable,
-  per-sandbox cgroup v1 memory/pids groups. The workspace, /tmp and home are host directories
-  that persist across execs of one sandbox; processes never do (the pid namespace dies with the
-  command). Workspaces are copies of ``spec.base_dir`` (no overlay: bwrap 0.8 has none).
+  RLIMIT_NPROC binds even when the host user is root); rlimits and, where writable, per-sandbox
+  cgroup v1 memory/pids groups are applied in the forked child before bwrap starts. The
+  workspace, /tmp and home are host directories that persist across execs of one sandbox;
+  processes never do (the pid namespace dies with the command). Workspaces are copies of
+  ``spec.base_dir`` (no overlay: bwrap 0.8 has none).
 - ``LocalProvider``: no isolation, explicit ``unsafe=True`` only; the benchmark's baseline.
 - ``SandboxPool``: prepared sandboxes per task ahead of demand, bound to programs, destroyed by
   ``on_program_terminated`` or a deadline; metrics in a prometheus registry.

@@ -58,13 +58,9 @@ class Cgroups:
         return made
 
     @staticmethod
-    def join_prefix(dirs: list[Path]) -> list[str]:
-        """argv prefix that moves the process into ``dirs`` before exec'ing the rest, so every
-        process it later forks starts inside them (no window for a fork to escape)."""
-        if not dirs:
-            return []
-        moves = " && ".join(f"echo $$ > {d}/cgroup.procs" for d in dirs)
-        return ["sh", "-c", f'{moves} && exec "$@"', "sh"]
+    def procs_files(dirs: list[Path]) -> list[str]:
+        """The files a process writes to join ``dirs`` (see ``_proc.confine``)."""
+        return [str(d / "cgroup.procs") for d in dirs]
 
     @staticmethod
     def members(dirs: list[Path]) -> int:

@@ -9,9 +9,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
+import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rollyard.core.errors import SandboxError
@@ -51,6 +54,50 @@ async def wait_gone(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
+def confine(rlimits: Sequence[tuple[int, int]], cgroup_procs: Sequence[str]) -> Callable[[], None]:
+    """A ``preexec_fn`` that joins cgroups and lowers rlimits in the forked child, after its uid
+    switch and before exec: everything the exec'd program forks inherits both, with no window to
+    escape, and no extra ``sh``/``prlimit`` process is started per command. It keeps to system
+    calls on values prepared here (no logging, imports or locks of its own), which is what keeps a
+    ``preexec_fn`` safe after a fork from a threaded parent. A failure aborts the exec (Popen
+    raises) rather than running the command unconfined."""
+    procs = tuple(os.fsencode(p) for p in cgroup_procs)
+    limits = tuple((res, (value, value)) for res, value in rlimits)
+
+    def setup() -> None:
+        for path in procs:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")  # "0": the writing process itself
+            finally:
+                os.close(fd)
+        for res, pair in limits:
+            resource.setrlimit(res, pair)
+
+    return setup
+
+
+# dash's ulimit flag and unit per rlimit (bash's differ: -u for processes, other block sizes).
+_DASH_ULIMIT = {
+    resource.RLIMIT_NPROC: ("-p", 1),
+    resource.RLIMIT_AS: ("-v", 1024),
+    resource.RLIMIT_CPU: ("-t", 1),
+    resource.RLIMIT_FSIZE: ("-f", 512),
+    resource.RLIMIT_CORE: ("-c", 512),
+}
+
+
+def dash_confine(dash: str, rlimits: Sequence[tuple[int, int]], cgroup_procs: Sequence[str]) -> list[str]:
+    """The argv prefix that does what ``confine`` does from one ``dash`` process, which then execs
+    the rest in place; unlike a ``preexec_fn`` it lets Popen use vfork (see ``bwrap``). A failing
+    step stops the chain, so nothing runs unconfined."""
+    steps = [f"echo $$ > {shlex.quote(p)}" for p in cgroup_procs]
+    for res, value in rlimits:
+        flag, unit = _DASH_ULIMIT[res]
+        steps.append(f"ulimit {flag} {value // unit}")  # rounds down: never looser than asked
+    return [dash, "-c", " && ".join([*steps, 'exec "$@"']), "dash"]
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL a process group; bwrap's --die-with-parent then takes its pid namespace down."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -66,9 +113,11 @@ async def run_capped(
     cwd: str | None = None,
     user: int | None = None,
     pass_fds: tuple[int, ...] = (),
+    preexec: Callable[[], None] | None = None,
 ) -> ExecResult:
     """Run ``argv``; on timeout or runaway output kill its process group. Never raises for the
-    command's own failure, only when it cannot be started.
+    command's own failure, only when it cannot be started. ``preexec`` (see ``confine``) runs in
+    the child just before exec.
 
     Exit is watched through a pidfd and the pipes through the loop's readers, not through
     asyncio's subprocess transport: that one (3.11) only reports exit once both pipes reach EOF,
@@ -89,8 +138,9 @@ async def run_capped(
             group=user,
             extra_groups=[] if user is not None else None,
             pass_fds=pass_fds,
+            preexec_fn=preexec,
         )
-    except OSError as e:
+    except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
     assert proc.stdout is not None and proc.stderr is not None
     pidfd = os.pidfd_open(proc.pid)
