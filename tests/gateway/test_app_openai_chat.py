@@ -207,3 +207,16 @@ def test_another_programs_key_cannot_use_a_program_url(client: TestClient, strea
         api.with_options(max_retries=0).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "x"}], stream=stream
         )
+
+
+def test_answer_says_how_long_the_engine_took_in_server_timing(client: TestClient) -> None:
+    key = new_program(client)["api_key"]
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "x"}]},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert r.status_code == 200
+    timing = r.headers["server-timing"]
+    parts = dict(p.strip().split(";dur=") for p in timing.split(","))
+    assert set(parts) == {"engine", "gateway"} and all(float(v) >= 0 for v in parts.values())

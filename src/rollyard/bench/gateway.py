@@ -7,10 +7,21 @@ that the gateway's recorded turn has the same prompt ids and sampling. Both path
 same aiohttp client and the same prompts (shorter than one KV block, so no prefix-cache hits).
 
 The two paths run in alternating blocks (direct, gateway, gateway, direct, ...) at each
-concurrency, so other load on the shared cores lands on both. Reported: token throughput
-ratio at 64 concurrent programs, latency added at the same concurrency (p50/p99 of gateway
-minus direct), the gateway process's CPU time per request, and an all-at-once run of 1000
-open programs. Engine and gateway share this machine's cores.
+concurrency, so other load on the shared cores lands on both; each pair of blocks is one
+round, and the headline numbers are medians over rounds of the paired values (a burst of
+outside load in one round moves one pair, not the result). Reported: token throughput ratio
+at 64 concurrent programs, latency added at the same concurrency (p50/p99 of gateway minus
+direct), the gateway process's CPU time per request, ``p50_own_ms``, and an all-at-once run
+of 1000 open programs; the load average is recorded with every level (on a shared machine it
+says how much to trust a run).
+
+``p50_own_ms`` is the time the gateway reports in ``Server-Timing`` as its own: from its
+handler taking the request to the answer, less the engine call. HTTP parsing and the extra
+loopback hop are not in it; the details also give the client's latency minus the engine time,
+which has them but also the client's own delays on a loaded machine. Engine and gateway share
+the cores: in a closed loop, CPU the gateway takes from the engine slows every request, so
+``p50_added_ms`` at 64 concurrent programs is about ``(1/thr_ratio - 1)`` times the engine's
+latency, on top of ``p50_own_ms``.
 
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
 as ``tiny``).
@@ -123,13 +134,30 @@ class Workload:
         return await self.backend.completion_body(ids, params)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], key: str | None) -> int:
-    """POST, return completion tokens (raises on an error status)."""
+def _server_timing(header: str) -> dict[str, float]:
+    """``engine;dur=12.5, gateway;dur=0.8`` -> {"engine": 0.0125, "gateway": 0.0008} (seconds)."""
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur) / 1000
+    return out
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], key: str | None
+) -> tuple[int, dict[str, float]]:
+    """POST; completion tokens and the answer's ``Server-Timing`` (raises on an error status)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with session.post(url, json=body, headers=headers) as r:
         data = await r.json()
         r.raise_for_status()
-    return int(data["usage"]["completion_tokens"])
+        timing = _server_timing(r.headers.get("server-timing", ""))
+    return int(data["usage"]["completion_tokens"]), timing
+
+
+def _acc() -> dict[str, Any]:
+    return {"tokens": 0, "lat": [], "own": [], "outside_engine": [], "wall": 0.0}
 
 
 async def _block(
@@ -141,25 +169,39 @@ async def _block(
     async def worker(w: int) -> None:
         for n in todo:
             t0 = time.perf_counter()
-            got = await send(session, n, w)  # not `acc[...] += await ...`: that reads before awaiting
+            got, timing = await send(session, n, w)  # not `acc[...] += await ...`: reads first
+            lat = time.perf_counter() - t0
             acc["tokens"] += got
-            acc["lat"].append(time.perf_counter() - t0)
+            acc["lat"].append(lat)
+            if "gateway" in timing:
+                acc["own"].append(timing["gateway"])
+                acc["outside_engine"].append(lat - timing["engine"])
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     acc["wall"] += time.perf_counter() - t0
 
 
+def _pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
 def _stats(acc: dict[str, Any]) -> dict[str, Any]:
-    lat = sorted(acc["lat"])
-    return {
+    lat = acc["lat"]
+    out = {
         "requests": len(lat),
         "req_per_s": len(lat) / acc["wall"],
         "tokens_per_req": acc["tokens"] / len(lat),
         "tok_per_s": acc["tokens"] / acc["wall"],
         "p50_ms": 1000 * statistics.median(lat),
-        "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "p99_ms": 1000 * _pct(lat, 0.99),
     }
+    if acc["own"]:  # what the gateway reports as its own time, and what the client sees beyond the engine
+        out["own_p50_ms"] = 1000 * statistics.median(acc["own"])
+        out["own_p99_ms"] = 1000 * _pct(acc["own"], 0.99)
+        out["client_minus_engine_p50_ms"] = 1000 * statistics.median(acc["outside_engine"])
+    return out
 
 
 async def _programs(session: aiohttp.ClientSession, url: str, n: int) -> tuple[list[str], list[str]]:
@@ -198,35 +240,62 @@ async def _level(
     keys: list[str],
     c: int,
     n: int,
-) -> tuple[dict[str, Any], dict[str, Any], float]:
-    """Direct and gateway in alternating blocks; returns their stats and gateway CPU seconds."""
+) -> dict[str, Any]:
+    """Direct and gateway in alternating blocks: pooled stats, per-round pairs, gateway CPU."""
     engine_url, gw_url, gw_pid = urls
     bodies = {i: await work.direct(i) for i in range(n)}
 
-    async def direct(s: aiohttp.ClientSession, i: int, w: int) -> int:
+    async def direct(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
         return await _post(s, f"{engine_url}/v1/completions", bodies[i], None)
 
-    async def via(s: aiohttp.ClientSession, i: int, w: int) -> int:
+    async def via(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
         return await _post(s, f"{gw_url}/v1/chat/completions", work.chat(i), keys[w % len(keys)])
 
-    accs = {p: {"tokens": 0, "lat": [], "wall": 0.0} for p in ("direct", "gateway")}
+    pooled = {p: _acc() for p in ("direct", "gateway")}
     rounds = 4 if n >= 4 * c else 2
     chunks = [list(range(n))[r::rounds] for r in range(rounds)]
-    cpu = 0.0
+    cpu, pairs, load = 0.0, [], [os.getloadavg()[0]]
     for r, chunk in enumerate(chunks):
+        this = {p: _acc() for p in ("direct", "gateway")}
         for path in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
             cpu0 = _cpu_seconds(gw_pid)
-            await _block(session, direct if path == "direct" else via, chunk, c, accs[path])
+            await _block(session, direct if path == "direct" else via, chunk, c, this[path])
             if path == "gateway":
                 cpu += _cpu_seconds(gw_pid) - cpu0
-    return _stats(accs["direct"]), _stats(accs["gateway"]), cpu
+            for k in ("tokens", "wall"):
+                pooled[path][k] += this[path][k]
+            for k in ("lat", "own", "outside_engine"):
+                pooled[path][k] += this[path][k]
+        d, g = _stats(this["direct"]), _stats(this["gateway"])
+        pairs.append(
+            {
+                "thr_ratio": g["tok_per_s"] / d["tok_per_s"],
+                "p50_added_ms": g["p50_ms"] - d["p50_ms"],
+                "p99_added_ms": g["p99_ms"] - d["p99_ms"],
+                "own_p50_ms": g.get("own_p50_ms", float("nan")),
+            }
+        )
+        load.append(os.getloadavg()[0])
+    via_stats = _stats(pooled["gateway"])
+    return {
+        "direct": _stats(pooled["direct"]),
+        "gateway": via_stats,
+        "rounds": pairs,
+        "median": {k: statistics.median(p[k] for p in pairs) for k in pairs[0]},
+        "gateway_cpu_ms_per_req": 1000 * cpu / via_stats["requests"],
+        "load1": load,
+        "_cpu_s": cpu,
+    }
 
 
 async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    per_level = {1: 8, 16: 64, 64: 192} if quick else {1: 24, 16: 192, 64: 512}
+    # Four rounds per level; at 64 concurrent programs each block is three waves of requests.
+    per_level = {1: 8, 16: 64, 64: 256} if quick else {1: 24, 16: 256, 64: 768}
     n_open = 200 if quick else 1000
     details: dict[str, Any] = {"max_tokens": MAX_TOKENS, "client": "aiohttp"}
-    connector = aiohttp.TCPConnector(limit=4096)
+    # Idle connections are dropped before the servers (uvicorn: 5 s) close them: reusing one they
+    # just closed fails the request (seen between blocks at one concurrent program).
+    connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0)
     timeout = aiohttp.ClientTimeout(total=1200)
     with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir) as (gw_url, gw_pid):
         work = Workload(engine_url, model_dir)
@@ -238,28 +307,30 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
             await _level(session, work, urls, keys, 8, 16)  # warm both paths
             cpu_s, gw_requests = 0.0, 0
             for c, n in per_level.items():
-                direct, via, cpu = await _level(session, work, urls, keys, c, n)
-                cpu_s += cpu
-                gw_requests += via["requests"]
-                details[f"c{c}"] = {"direct": direct, "gateway": via}
+                level = await _level(session, work, urls, keys, c, n)
+                cpu_s += level.pop("_cpu_s")
+                gw_requests += level["gateway"]["requests"]
+                details[f"c{c}"] = level
             t0 = time.perf_counter()
             _, open_keys = await _programs(session, gw_url, n_open)
             create_s = time.perf_counter() - t0
-            direct, via, _ = await _level(session, work, urls, open_keys, n_open, n_open)
-            details["open_programs"] = {
-                "programs": n_open,
-                "create_s": create_s,
-                "thr_ratio": via["tok_per_s"] / direct["tok_per_s"],
-                "direct": direct,
-                "gateway": via,
-            }
+            level = await _level(session, work, urls, open_keys, n_open, n_open)
+            level.pop("_cpu_s")
+            details["open_programs"] = {"programs": n_open, "create_s": create_s, **level}
         await work.backend.aclose()
     c64 = details["c64"]
     summary = {
-        "thr_ratio_64": c64["gateway"]["tok_per_s"] / c64["direct"]["tok_per_s"],
+        "thr_ratio_64": c64["median"]["thr_ratio"],
+        "p50_added_ms": c64["median"]["p50_added_ms"],
+        "p99_added_ms": c64["median"]["p99_added_ms"],
+        "cpu_ms_per_req": 1000 * cpu_s / gw_requests,
+        "p50_own_ms": c64["gateway"]["own_p50_ms"],
+        "load1": os.getloadavg()[0],
+    }
+    details["pooled_64"] = {
+        "thr_ratio": c64["gateway"]["tok_per_s"] / c64["direct"]["tok_per_s"],
         "p50_added_ms": c64["gateway"]["p50_ms"] - c64["direct"]["p50_ms"],
         "p99_added_ms": c64["gateway"]["p99_ms"] - c64["direct"]["p99_ms"],
-        "cpu_ms_per_req": 1000 * cpu_s / gw_requests,
     }
     return summary, details
 

@@ -14,7 +14,9 @@ from rollyard.gateway.types import ToolCall
 
 # Route prefixes: with or without /v1 in the base URL an agent was given (a base URL that
 # already ends in /v1 makes the Anthropic SDK call /v1/v1/messages), and the /p/{id} form.
-PREFIXES = ("", "/v1", "/v1/v1", "/p/{program_id}", "/p/{program_id}/v1", "/p/{program_id}/v1/v1")
+# No two prefixes can match the same path, so the order only sets how many routes a request
+# is matched against: the usual one (/v1) first.
+PREFIXES = ("/v1", "", "/v1/v1", "/p/{program_id}", "/p/{program_id}/v1", "/p/{program_id}/v1/v1")
 
 
 def gateway(request: Request) -> Gateway:

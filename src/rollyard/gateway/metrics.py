@@ -41,5 +41,21 @@ class GatewayMetrics:
         )
         self.malformed = Counter("rollyard_gateway_malformed_tool_calls", "Malformed tool calls", registry=r)
 
+        self._token_kinds = [self.tokens.labels(k) for k in ("prompt", "reused", "completion")]
+        self._by_api: dict[str, tuple[Counter, Histogram]] = {}
+
+    def finished(self, api: str, total_s: float, engine_s: float) -> None:
+        """One successful model request (labelled children cached: ``labels()`` costs a lock)."""
+        pair = self._by_api.get(api)
+        if pair is None:
+            pair = self._by_api[api] = (self.requests.labels(api, "ok"), self.latency.labels(api))
+        pair[0].inc()
+        pair[1].observe(total_s)
+        self.overhead.observe(max(0.0, total_s - engine_s))
+
+    def counted_tokens(self, prompt: int, reused: int, completion: int) -> None:
+        for child, n in zip(self._token_kinds, (prompt, reused, completion), strict=True):
+            child.inc(n)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Mapping
 
 from rollyard.core.errors import EngineUnavailable
-from rollyard.core.ids import new_id
 from rollyard.engines.base import Backend
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.scheduler import Dispatch, Scheduler
@@ -29,6 +29,7 @@ class EnginePool:
         self.scheduler = scheduler
         self.metrics = metrics
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self._ids = itertools.count()  # request ids never leave this process: a counter will do
         for name in self.backends:
             scheduler.add_engine(name, capacity)
             metrics.engine_up.labels(name).set(1)
@@ -54,7 +55,7 @@ class EnginePool:
         """Wait until the scheduler starts this request; raises when no engine is healthy."""
         if not self.scheduler.healthy_engines():
             raise EngineUnavailable("no healthy engine; retry shortly", retry_after_s=2.0)
-        rid = new_id("req")
+        rid = f"req_{next(self._ids)}"
         fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         self.scheduler.submit(rid, program_id, prompt_tokens)

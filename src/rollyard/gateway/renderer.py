@@ -100,6 +100,10 @@ class RenderPlan:
     rewrite_reason: str | None = None  # why a previous conversation was not extended
     closed_with_eos: bool = False
     new_message_ids: list[list[int]] = field(default_factory=list)
+    tools_key: str = "[]"  # the request's tools, as compared with the next request's
+
+
+_FIRST_CACHE_SIZE = 256
 
 
 class Renderer:
@@ -108,10 +112,21 @@ class Renderer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tok = tokenizer
         self.gen_prompt_ids = tokenizer.encode(ct.render_generation_prompt())
+        # First messages (system prompt + tools block) repeat across a task's programs and are
+        # often the longest text in a request: their ids are kept, keyed by the rendered text.
+        self._first_ids: dict[str, list[int]] = {}
 
     def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
         tpl_tools = [t.to_template() for t in tools] or None
-        return self.tok.encode(ct.render_message(message.to_template(), tpl_tools, first=first))
+        text = ct.render_message(message.to_template(), tpl_tools, first=first)
+        if not first:
+            return self.tok.encode(text)
+        ids = self._first_ids.get(text)
+        if ids is None:
+            if len(self._first_ids) >= _FIRST_CACHE_SIZE:
+                self._first_ids.pop(next(iter(self._first_ids)))  # oldest first
+            ids = self._first_ids[text] = self.tok.encode(text)
+        return list(ids)  # callers extend it in place
 
     def render_fresh(self, request: ChatRequest) -> list[int]:
         msgs = list(request.messages)
@@ -124,26 +139,30 @@ class Renderer:
 
     def render(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
         """Reuse the previous turn's ids when the request extends it; else render fresh."""
-        reason = None if state is None else self._mismatch(request, state)
+        key = tools_key(request.tools)
+        reason = None if state is None else self._mismatch(request, key, state)
         if state is None or reason is not None:
-            return RenderPlan(self.render_fresh(request), rewrite_reason=reason)
-        prefix = state.prompt_ids + state.completion_ids
+            return RenderPlan(self.render_fresh(request), rewrite_reason=reason, tools_key=key)
+        ids = state.prompt_ids + state.completion_ids  # the one copy of the history's ids
         closed = not state.completion_ids or state.completion_ids[-1] != self.tok.eos_id
         if closed:
-            prefix = [*prefix, self.tok.eos_id]
+            ids.append(self.tok.eos_id)
+        reused = len(ids)
         new = [
             self.message_ids(m, request.tools, first=False)
             for m in request.messages[len(state.messages) + 1 :]
         ]
-        ids = prefix + [t for m in new for t in m] + self.gen_prompt_ids
-        return RenderPlan(ids, len(prefix), True, None, closed, new)
+        for m in new:
+            ids += m
+        ids += self.gen_prompt_ids
+        return RenderPlan(ids, reused, True, None, closed, new, key)
 
     @staticmethod
-    def _mismatch(request: ChatRequest, state: ConversationState) -> str | None:
+    def _mismatch(request: ChatRequest, key: str, state: ConversationState) -> str | None:
         """None when the request extends the state; else a short reason (recorded in the event)."""
         n = len(state.messages)
         msgs = request.messages
-        if tools_key(request.tools) != state.tools_key:
+        if key != state.tools_key:
             return "tools_changed"
         if len(msgs) <= n + 1:
             return "no_new_messages" if len(msgs) == n + 1 else "history_shortened"

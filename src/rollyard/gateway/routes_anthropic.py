@@ -278,7 +278,8 @@ async def messages(body: MessagesBody, request: Request, program: Program = Depe
     gw = gateway(request)
     req = to_request(body, request)
     if not req.stream:
-        return JSONResponse(to_body(await gw.chat(program, req)))
+        result = await gw.chat(program, req)
+        return JSONResponse(to_body(result), headers=result.timing_headers())
     model = req.model or gw.model_name
     prompt_tokens = gw.count_tokens(program, req)
     items = await primed(gw.chat_stream(program, req))

@@ -208,7 +208,8 @@ async def chat_completions(
     gw = gateway(request)
     req = to_request(body)
     if not req.stream:
-        return JSONResponse(to_body(await gw.chat(program, req)))
+        result = await gw.chat(program, req)
+        return JSONResponse(to_body(result), headers=result.timing_headers())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)

@@ -341,7 +341,8 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
     req = to_request(body, previous)
     if not req.stream:
         r = await gw.chat(program, req)
-        return JSONResponse(_response(r, r.request_id, req.model or gw.model_name, req, r.created))
+        body = _response(r, r.request_id, req.model or gw.model_name, req, r.created)
+        return JSONResponse(body, headers=r.timing_headers())
     req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name), False)

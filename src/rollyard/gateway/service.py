@@ -25,7 +25,7 @@ from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
-from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan, tools_key
+from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
 from rollyard.gateway.scheduler import Dispatch
 from rollyard.gateway.streaming import TextStreamer
@@ -91,9 +91,10 @@ class Gateway:
         self.check_model(request)
         if not request.messages:
             raise InvalidRequest("messages must not be empty")
+        entered = self.clock.now()
         async with self._locks.setdefault(program.id, asyncio.Lock()):
             plan = self.renderer.render(request, self.conversations.get(program.id))
-            async for item in self._run(program, request, plan):
+            async for item in self._run(program, request, plan, entered):
                 yield item
 
     async def complete_raw(
@@ -114,13 +115,14 @@ class Gateway:
         ids = list(prompt) if isinstance(prompt, list) else self.renderer.tok.encode(prompt)
         if not ids:
             raise InvalidRequest("prompt must not be empty")
+        entered = self.clock.now()
         async with self._locks.setdefault(program.id, asyncio.Lock()):
             prev = self.conversations.get(program.id)
             head = prev.prompt_ids + prev.completion_ids if prev else []
             ext = prev is not None and ids[: len(head)] == head
             plan = RenderPlan(ids, len(head) if ext else 0, ext, None if ext else "raw_completion")
             result = None
-            async for item in self._run(program, request, plan):
+            async for item in self._run(program, request, plan, entered):
                 result = item
         assert isinstance(result, ChatResult)
         return {
@@ -134,7 +136,7 @@ class Gateway:
         }
 
     async def _run(
-        self, program: Program, request: ChatRequest, plan: RenderPlan
+        self, program: Program, request: ChatRequest, plan: RenderPlan, entered: float
     ) -> AsyncIterator[TextDelta | ChatResult]:
         """Schedule, call the engine (one retry elsewhere if it dies before streaming), record."""
         submitted = self.clock.now()
@@ -172,10 +174,10 @@ class Gateway:
                 self.pool.release(dispatch)
         assert completion is not None and dispatch is not None
         result = await self._record(program, request, plan, params, completion, dispatch, submitted, started)
-        total = self.clock.now() - submitted
-        self.metrics.requests.labels(request.api, "ok").inc()
-        self.metrics.latency.labels(request.api).observe(total)
-        self.metrics.overhead.observe(max(0.0, total - engine_s))
+        now = self.clock.now()
+        result.engine_s, result.gateway_s = engine_s, now - entered - engine_s
+        total = now - submitted
+        self.metrics.finished(request.api, total, engine_s)
         yield result
 
     async def _stream_engine(
@@ -266,7 +268,7 @@ class Gateway:
         response_id = request.response_id or f"resp_{uuid.uuid4().hex[:24]}"
         state = ConversationState(
             messages=list(request.messages),
-            tools_key=tools_key(request.tools),
+            tools_key=plan.tools_key,
             returned=message,
             prompt_ids=plan.prompt_ids,
             completion_ids=completion.token_ids,
@@ -286,9 +288,7 @@ class Gateway:
             else:
                 self.conversations[program.id] = prev
             raise
-        self.metrics.tokens.labels("prompt").inc(len(plan.prompt_ids))
-        self.metrics.tokens.labels("reused").inc(plan.reused_tokens)
-        self.metrics.tokens.labels("completion").inc(len(completion.token_ids))
+        self.metrics.counted_tokens(len(plan.prompt_ids), plan.reused_tokens, len(completion.token_ids))
         return ChatResult(
             message=message,
             finish_reason=completion.finish_reason,

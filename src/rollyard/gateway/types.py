@@ -137,6 +137,13 @@ class ChatResult:
     created: int = 0
     model: str = ""
     completion_ids: list[int] = field(default_factory=list)
+    engine_s: float = 0.0  # time in the engine call
+    gateway_s: float = 0.0  # time in the gateway outside it (lock, render, queue, record)
+
+    def timing_headers(self) -> dict[str, str]:
+        """``Server-Timing``: lets a client split its latency into engine time and gateway time."""
+        engine, own = 1000 * self.engine_s, 1000 * self.gateway_s
+        return {"server-timing": f"engine;dur={engine:.2f}, gateway;dur={own:.2f}"}
 
     @property
     def stop_kind(self) -> Literal["stop", "length", "tool_calls"]:
