@@ -2,8 +2,9 @@
 the grace period passing) forces the exit after the last-resort hooks, and an inherited SIG_IGN
 (``cmd &`` in a script) does not make the run deaf.
 
-Each case runs in a child process: once interrupted, the guard keeps owning the signals and its
-watchdog stays armed until the process exits, which must not happen to the test runner.
+The signal cases run in a child process: once interrupted, the guard keeps owning the signals and
+its watchdog stays armed until the process exits, which must not happen to the test runner. Also
+here: what an interrupted run needs to be resumable (the checkpoint's weights are kept).
 """
 
 from __future__ import annotations
@@ -131,3 +132,13 @@ async def test_the_in_process_gateway_server_leaves_sigint_alone() -> None:
     server.should_exit = True
     await asyncio.wait_for(task, 30)
     assert during == before
+
+
+@pytest.mark.parametrize(("every", "keep", "kept"), [(1, 1, 2), (1, 3, 3), (5, 2, 6)])
+def test_weights_back_to_the_last_checkpoint_survive_pruning(every: int, keep: int, kept: int) -> None:
+    """An interrupt just after a publish must find the checkpoint's weights on disk to resume."""
+    from rollyard.rollout.config import builtin_config
+    from rollyard.rollout.orchestrator import weights_to_keep
+
+    cfg = builtin_config("quick", {"run.checkpoint_every": every, "run.keep_weights": keep})
+    assert weights_to_keep(cfg) == kept

@@ -54,6 +54,15 @@ async def make_runner(cfg: Config, svc: Services, run: RunDir) -> AsyncIterator[
         runner.close()
 
 
+def weights_to_keep(cfg: Config) -> int:
+    """Weight versions kept on disk: never fewer than reach back to the last checkpoint.
+
+    Resuming loads the weights of the checkpoint's version. With a checkpoint every ``c`` steps,
+    up to ``c`` newer versions can be published before the next one is saved (the last of them
+    just before an interrupt), so ``c + 1`` versions must survive the pruning."""
+    return max(2, cfg.run.keep_weights, cfg.run.checkpoint_every + 1)
+
+
 def _resume_state(run: RunDir, trainer: Any) -> LoopState:
     extra = trainer.load(run.checkpoint)
     state = LoopState(
@@ -99,7 +108,7 @@ async def train(
             run.weights,
             base_path=weights,
             base_version=state.version,
-            keep=max(2, cfg.run.keep_weights),
+            keep=weights_to_keep(cfg),
             tokenizer=tokenizer,
         )
         async with make_runner(cfg, svc, run) as runner:
