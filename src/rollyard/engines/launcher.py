@@ -25,17 +25,12 @@ from types import TracebackType
 import httpx
 
 from rollyard.core.errors import ConfigError, EngineStartError
+from rollyard.core.net import free_port
 from rollyard.engines.tiny_model import check_model_dir
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 64  # the CPU attention kernels reject 16
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -22,7 +22,8 @@ from pathlib import Path
 import uvicorn
 
 from rollyard.core.errors import EngineStartError, SandboxError
-from rollyard.engines.launcher import VLLMServer, free_port
+from rollyard.core.net import free_port
+from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.service import Gateway
@@ -67,7 +68,7 @@ class EngineFleet:
                 # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
                 # (the server's atexit hook still stops what it started).
                 await in_daemon_thread(self._restart, server)
-                backend._version = self.version  # the restarted process serves exactly these weights
+                backend.serving(self.version)  # the restarted process serves exactly these weights
                 self.restarts += 1
                 restarted = True
             return restarted

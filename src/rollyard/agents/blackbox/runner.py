@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import shlex
-import socket
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from rollyard.core.errors import ConfigError, SandboxError
+from rollyard.core.net import free_port
 from rollyard.sandbox.base import Sandbox, SandboxSpec
 from rollyard.sandbox.host_python import host_python
 
@@ -39,13 +39,6 @@ class RunResult(BaseModel):
     stdout: str
     stderr: str
     duration_s: float
-
-
-def free_port() -> int:
-    """A TCP port free on the host now (inside a network namespace every port is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BlackBoxRunner:
