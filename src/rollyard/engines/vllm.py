@@ -268,6 +268,11 @@ class VLLMBackend:
         self._version = version
         log.info("engine=%s loaded weights version=%d path=%s", self.name, version, path)
 
+    def serving(self, version: int) -> None:
+        """Record that the engine now serves ``version`` (a restart on those weights, not a reload)."""
+        self._version = version
+        self._worker_ext = None  # a restarted process is asked again
+
     async def _has_worker_ext(self) -> bool:
         if self._worker_ext is None:
             try:
