@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,14 +15,11 @@ from rollyard.core.tables import read_parquet
 from rollyard.rollout.config import builtin_config, dump_config
 from rollyard.rollout.rundir import RunDir
 
+from .conftest import engine_pids, wait_for_first_step
+
 pytestmark = [pytest.mark.slow]
 
 STEPS = 3
-
-
-def _engine_pids(run: RunDir) -> list[int]:
-    log = run.logs / "run.log"
-    return [int(p) for p in re.findall(r"vllm starting pid=(\d+)", log.read_text())] if log.exists() else []
 
 
 def _kill_group(pid: int) -> None:
@@ -50,12 +45,8 @@ def test_a_killed_engine_is_restarted_and_the_run_finishes(tmp_path: Path, tiny_
     with err.open("w") as err_file:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
     try:
-        deadline = time.monotonic() + 420
-        while not run.read_metrics():
-            assert proc.poll() is None, err.read_text()[-2000:]
-            assert time.monotonic() < deadline, "no step finished in time"
-            time.sleep(0.5)
-        first = _engine_pids(run)
+        wait_for_first_step(proc, run, err)
+        first = engine_pids(run)
         assert len(first) == 1, first
         _kill_group(first[0])  # kill -9 the engine and its workers, mid-run
         rc = proc.wait(timeout=600)
@@ -63,10 +54,10 @@ def test_a_killed_engine_is_restarted_and_the_run_finishes(tmp_path: Path, tiny_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for pid in _engine_pids(run):
+        for pid in engine_pids(run):
             _kill_group(pid)
     assert rc == 0, err.read_text()[-3000:]
-    pids = _engine_pids(run)
+    pids = engine_pids(run)
     assert len(pids) >= 2 and pids[0] == first[0], "the dead engine was not restarted"
     rows = run.read_metrics()
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))

@@ -9,7 +9,6 @@ tore down). It must not matter: ``kill -INT`` has to stop a run whatever it inhe
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,12 +20,9 @@ import pytest
 from rollyard.rollout.config import builtin_config, dump_config
 from rollyard.rollout.rundir import RunDir
 
+from .conftest import engine_pids, wait_for_first_step
+
 pytestmark = [pytest.mark.slow]
-
-
-def _engine_pids(run: RunDir) -> list[int]:
-    log = run.logs / "run.log"
-    return [int(p) for p in re.findall(r"vllm starting pid=(\d+)", log.read_text())] if log.exists() else []
 
 
 def _gone(pid: int) -> bool:
@@ -85,11 +81,7 @@ def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
             stderr=err_file,
         )
     try:
-        deadline = time.monotonic() + 420
-        while not run.read_metrics():
-            assert proc.poll() is None, err.read_text()[-2000:]
-            assert time.monotonic() < deadline, "no step finished in time"
-            time.sleep(0.5)
+        wait_for_first_step(proc, run, err)
         started = _descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
@@ -101,12 +93,12 @@ def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-            for pid in _engine_pids(run):  # a hung run must not leave its engine to the next tests
+            for pid in engine_pids(run):  # a hung run must not leave its engine to the next tests
                 if not _gone(pid):
                     os.killpg(pid, signal.SIGKILL)
     assert rc == 130, err.read_text()[-2000:]
     assert teardown_s < 120, f"teardown took {teardown_s:.0f} s"
-    pids = _engine_pids(run)
+    pids = engine_pids(run)
     assert pids, "the run started no engine"
     for _ in range(40):
         if all(_gone(p) for p in pids):
