@@ -185,12 +185,14 @@ class VLLMServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group at once (crash simulation)."""
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILL the whole process group at once (crash simulation, forced exit);
+        ``wait=False`` does not reap it (a last-resort hook that must not block)."""
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
+            with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            if wait:
+                self.proc.wait()
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

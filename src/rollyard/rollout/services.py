@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
-import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -92,9 +90,7 @@ def kill_servers(servers: list[VLLMServer]) -> None:
     """SIGKILL every engine's process group now, without waiting or logging: the forced-exit
     path (engines run in their own sessions, so they would outlive this process)."""
     for s in list(servers):
-        if s.proc is not None and s.proc.returncode is None:
-            with contextlib.suppress(OSError):
-                os.killpg(s.proc.pid, signal.SIGKILL)
+        s.kill(wait=False)
 
 
 def start_engines(
