@@ -25,6 +25,7 @@ a new segment.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,19 +115,16 @@ class Renderer:
         self.gen_prompt_ids = tokenizer.encode(ct.render_generation_prompt())
         # First messages (system prompt + tools block) repeat across a task's programs and are
         # often the longest text in a request: their ids are kept, keyed by the rendered text.
-        self._first_ids: dict[str, list[int]] = {}
+        self._first_ids = functools.lru_cache(maxsize=_FIRST_CACHE_SIZE)(
+            lambda text: tuple(tokenizer.encode(text))
+        )
 
     def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
         tpl_tools = [t.to_template() for t in tools] or None
         text = ct.render_message(message.to_template(), tpl_tools, first=first)
         if not first:
             return self.tok.encode(text)
-        ids = self._first_ids.get(text)
-        if ids is None:
-            if len(self._first_ids) >= _FIRST_CACHE_SIZE:
-                self._first_ids.pop(next(iter(self._first_ids)))  # oldest first
-            ids = self._first_ids[text] = self.tok.encode(text)
-        return list(ids)  # callers extend it in place
+        return list(self._first_ids(text))  # a fresh list: callers extend it in place
 
     def render_fresh(self, request: ChatRequest) -> list[int]:
         msgs = list(request.messages)
