@@ -9,7 +9,9 @@ import pytest
 from rollyard.core.errors import TaskError
 from rollyard.sandbox.base import Sandbox, SandboxProvider
 from rollyard.tasks import FAMILIES, Task, ToolCall, evaluate, generate, load_task, prepare, solve
+from rollyard.tasks.evaluate import Outcome
 from rollyard.tasks.families.base import Step, bash, submit, with_mistakes, write_file
+from rollyard.tasks.families.stage import next_stage
 
 MakeTask = Callable[..., Task]
 
@@ -86,8 +88,29 @@ def test_the_solver_is_deterministic_per_seed(make_task: MakeTask) -> None:
     assert len(runs) > 1
 
 
+async def outcome_of(task: Task, calls: list[ToolCall], provider: SandboxProvider) -> Outcome:
+    sb = await prepare(task, provider)
+    try:
+        await replay(calls, sb)
+        return await evaluate(task, sb, provider)
+    finally:
+        await sb.close()
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-async def test_the_scripted_solver_solves_its_instance_even_with_mistakes(
+async def test_the_scripted_solver_solves_its_instance(
+    make_task: MakeTask, provider: SandboxProvider, family: str
+) -> None:
+    task = make_task(family, seed=5)
+    calls = solve(task, mistake_prob=0.0, seed=3)
+    assert not any(c.mistake for c in calls)
+    outcome = await outcome_of(task, calls, provider)
+    assert outcome.passed, outcome.details
+    assert outcome.pass_fraction == 1.0
+
+
+@pytest.mark.parametrize("family", ["bugfix", "lookup", "sums"])
+async def test_detour_mistakes_still_end_in_a_solved_instance(
     make_task: MakeTask,
     provider: SandboxProvider,
     family: str,
@@ -95,11 +118,22 @@ async def test_the_scripted_solver_solves_its_instance_even_with_mistakes(
     task = make_task(family, seed=5)
     calls = solve(task, mistake_prob=0.7, seed=3)
     assert any(c.mistake for c in calls)
-    sb = await prepare(task, provider)
-    try:
-        await replay(calls, sb)
-        outcome = await evaluate(task, sb, provider)
-    finally:
-        await sb.close()
+    outcome = await outcome_of(task, calls, provider)
     assert outcome.passed, outcome.details
     assert outcome.pass_fraction == 1.0
+
+
+async def test_a_stage_guess_skips_the_look_and_passes_only_when_lucky(
+    make_task: MakeTask, provider: SandboxProvider
+) -> None:
+    task = make_task("stage", seed=5)
+    meta = task.spec.metadata
+    assert meta["target"] == next_stage(meta["current"])
+    guesses = [solve(task, mistake_prob=1.0, seed=s) for s in range(12)]
+    assert all([c.name for c in g] == ["write_file", "submit"] for g in guesses)
+    wrong = next(g for g in guesses if g[0].mistake)
+    right = next(g for g in guesses if not g[0].mistake)
+    assert wrong[0].arguments["content"] != meta["target"] == right[0].arguments["content"]
+    assert not (await outcome_of(task, wrong, provider)).passed
+    assert (await outcome_of(task, right, provider)).passed
+    assert [c.name for c in solve(task, mistake_prob=0.0, seed=0)] == ["bash", "submit"]
