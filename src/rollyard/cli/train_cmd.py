@@ -33,7 +33,7 @@ def demo(
     quick: bool = typer.Option(False, help="the few-minute smoke config instead of the full demo"),
     set_: list[str] = typer.Option([], "--set", help="override a config value: key.path=value"),
 ) -> None:
-    """The default example: tiny model, SFT warm start, RL on `lookup`, report with plots."""
+    """The default example: tiny model, SFT warm start, RL on `stage`, report with plots."""
     from rollyard.rollout.entry import parse_overrides, run_demo
 
     out = run_demo(seed, run_dir, quick, parse_overrides(set_))
@@ -42,8 +42,15 @@ def demo(
 
 
 @app.command("report")
-def report(run_dir: Path = typer.Argument(..., help="a run directory")) -> None:
-    """PNG plots (reward, held-out success, tokens/s, staleness, turns) and summary.md."""
-    from rollyard.rollout.report import make_report
+def report(
+    run_dirs: list[Path] = typer.Argument(..., help="one or more run directories"),
+    out: Path = typer.Option(Path("runs/compare"), "--out", help="where the comparison of several runs goes"),
+) -> None:
+    """PNG plots (reward, held-out success, tokens/s, staleness, turns) and summary.md per run;
+    with several runs, also their held-out curves on one plot and a start/end/gain table."""
+    from rollyard.rollout.report import make_comparison, make_report
 
-    typer.echo(str(make_report(run_dir)))
+    if len(run_dirs) == 1:
+        typer.echo(str(make_report(run_dirs[0])))
+    else:
+        typer.echo(str(make_comparison(run_dirs, out)))

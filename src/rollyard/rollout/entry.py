@@ -107,8 +107,8 @@ def run_demo(seed: int, run_dir: Path | None, quick: bool, overrides: dict[str, 
     summary_path = make_report(root)
     return {
         "run_dir": str(root),
-        "wall_s": time.monotonic() - t0,
         "summary": str(summary_path),
         **summarize(run.read_metrics()),
         **{k: last[k] for k in ("step",) if k in last},
+        "wall_s": time.monotonic() - t0,  # this invocation, start-up to report
     }
