@@ -33,7 +33,7 @@ def _provider(name: str) -> SandboxProvider:
 
 @tasks_app.command("generate")
 def generate_cmd(
-    family: str = typer.Argument(..., help="task family: lookup, bugfix or sums"),
+    family: str = typer.Argument(..., help="task family: lookup, stage, bugfix or sums"),
     out: Path = typer.Argument(..., help="directory to write task directories into"),
     n: int = typer.Option(10, "--n", help="number of tasks"),
     seed: int = typer.Option(0, "--seed", help="the same seed gives the same tasks"),
