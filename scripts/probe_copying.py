@@ -8,10 +8,10 @@
 reports, on 64 clean held-out demonstrations, teacher-forced token accuracy, the greedy
 all-correct rate and p_clean (the probability of the clean completion at T=1). ``repeat`` trains
 copy-only on random tokens and reports copy accuracy. ``fixed`` trains the smallest dependency:
-one of four stage tokens at a fixed position, its successor 40 positions later, random filler
-around them that is the same in every sequence; the loss covers the last ``--dilute`` tokens
-(1 = the dependent token alone), so it measures how a few dependent tokens among many constant
-ones slow learning. All print one line per ``--every`` steps.
+one of four stage tokens at a fixed position, its successor 40 positions later as the last
+token, random filler that is the same in every sequence; the loss covers the last ``--dilute``
+tokens (1 = the dependent token alone, 64 = it and 63 constant ones), so it measures how a few
+dependent tokens among many constant ones slow learning. All print one line per ``--every`` steps.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def probe_repeat(model: torch.nn.Module, model_dir: Path, a: argparse.Namespace)
 def probe_fixed(model: torch.nn.Module, model_dir: Path, a: argparse.Namespace) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     stages = torch.tensor([tok.encode(w)[0] for w in ("alpha", "beta", "gamma", "delta")])
-    src, ans = a.length - 60, a.length - 20
+    src, ans = a.length - 41, a.length - 1  # the answer is last: the trained tail always holds it
     filler = torch.randint(300, 2000, (a.length,), generator=torch.Generator().manual_seed(a.seed))
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), weight_decay=0.0)
     t0 = time.monotonic()
