@@ -70,3 +70,32 @@ def test_overrides_set_dotted_keys_as_yaml_scalars(tmp_path: Path) -> None:
     assert (cfg.run.steps, cfg.trainer.lr, cfg.ray.address) == (7, 3e-4, "local")
     with pytest.raises(ConfigError, match=r"key\.path=value"):
         parse_overrides(["steps"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"agent.kind": "blackbox"}, "agent.profile is required"),
+        (
+            {"agent.kind": "blackbox", "agent.profile": "nope", "sft.enabled": False},
+            "no runner profile 'nope'",
+        ),
+        ({"agent.kind": "blackbox", "agent.profile": "openai"}, "disable sft"),
+        (
+            {
+                "agent.kind": "blackbox",
+                "agent.profile": "openai",
+                "sft.enabled": False,
+                "ray.address": "local",
+            },
+            "unset ray.address",
+        ),
+    ],
+)
+def test_a_blackbox_agent_needs_a_known_profile_no_sft_and_no_ray(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        builtin_config("demo", overrides)
+    ok = builtin_config("demo", {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False})
+    assert ok.agent.profile == "openai"

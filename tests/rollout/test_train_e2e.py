@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,3 +48,31 @@ async def test_two_steps_publish_weights_and_later_turns_carry_the_new_version(
     summary = make_report(run.root)
     assert (summary.parent / "reward.png").stat().st_size > 0
     assert "steps: 2" in summary.read_text()
+
+
+async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
+    tmp_path: Path, make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shipped OpenAI-SDK agent, unmodified, in each program's bwrap sandbox: its only way
+    out is the run's gateway socket; its calls are recorded and trained like white-box turns."""
+    cfg = make_config(**{"agent.kind": "blackbox", "agent.profile": "openai", "run.steps": 1})
+    run = RunDir(tmp_path / "run")
+    with caplog.at_level(logging.INFO, logger="rollyard.rollout.services"):
+        last = await train(cfg, run)
+    assert last["policy_version"] == 1
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
+    assert all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
+    assert all(t.outcome.details.get("agent_status") in ("exited", "agent_error") for t in trajs), [
+        (t.outcome.details, t.status) for t in trajs
+    ]
+    for t in trajs:  # token-exact: each prompt extends the previous prompt + completion in a segment
+        for seg in t.segments:
+            for a, b in zip(seg.turns, seg.turns[1:], strict=False):
+                assert (
+                    b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]
+                    == a.prompt_ids + a.completion_ids
+                )
+    served = re.search(r"gateway up url=\S+ socket=(\S+)", caplog.text)
+    assert served and served.group(1) != "None"
+    assert not Path(served.group(1)).parent.exists()  # the socket's dir went with the gateway

@@ -14,27 +14,31 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.errors import ConfigError
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
 from rollyard.rl.advantages import group_samples
 from rollyard.rl.rewards import score_group, with_rewards
 from rollyard.rollout.config import Config
-from rollyard.rollout.episode import EpisodeResult, act_and_evaluate
+from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_evaluate
 from rollyard.rollout.services import Services
 from rollyard.tasks.model import Task
-from rollyard.tasks.sandboxing import remove_artefacts, sandbox_spec
+from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
 log = logging.getLogger(__name__)
 
-_CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded"}
+_CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded", BLACKBOX_EXITED}
 
 
 class ProgramRunner(Protocol):
     """Runs one registered program's agent and evaluation somewhere; local or Ray."""
 
-    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult: ...
+    async def run(
+        self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
+    ) -> EpisodeResult: ...
 
 
 class LocalRunner:
@@ -45,20 +49,19 @@ class LocalRunner:
         self.timeout_s = timeout_s
         self._registered: set[str] = set()
 
-    def _register(self, task: Task) -> None:
+    def _register(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
         if task.id in self._registered:
             return
-        if task.setup_script is not None:
-            from rollyard.core.errors import TaskError
-
-            raise TaskError(f"task {task.id}: setup scripts are not supported by the rollout pool yet")
         spec = sandbox_spec(task, self.svc.provider)
-        globs = list(task.spec.hygiene_artefacts)
-        self.svc.pool.register(task.id, spec, prepare=lambda sb: remove_artefacts(sb, globs), ahead=0)
+        if isinstance(agent, BlackBoxRunner):  # the gateway's socket, the forwarder, Python
+            spec = agent.spec(spec)
+        self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb), ahead=0)
         self._registered.add(task.id)
 
-    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult:
-        self._register(task)
+    async def run(
+        self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
+    ) -> EpisodeResult:
+        self._register(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
             return await act_and_evaluate(
@@ -72,6 +75,17 @@ class LocalRunner:
             )
         finally:
             await self.svc.pool.release(program.id)
+
+
+def program_agent(svc: Services) -> AgentConfig | BlackBoxRunner:
+    """What runs each program: the white-box loop, or the configured black-box profile."""
+    cfg = svc.cfg
+    if cfg.agent.kind == "whitebox":
+        return agent_config(cfg)
+    if svc.gateway.socket_path is None or cfg.agent.profile is None:
+        raise ConfigError("a blackbox agent needs agent.profile and the gateway's unix socket")
+    isolated = cfg.sandbox.provider == "bwrap"
+    return BlackBoxRunner(load_profile(cfg.agent.profile), svc.gateway.socket_path, isolated=isolated)
 
 
 def agent_config(cfg: Config) -> AgentConfig:
@@ -95,11 +109,12 @@ async def run_program(
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.gateway
     cfg = svc.cfg
+    agent = program_agent(svc)
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
     for attempt in range(retries + 1):
         async with svc.slots:
             program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
-            res = await runner.run(task, program, svc.gateway.url + "/v1", agent_config(cfg))
+            res = await runner.run(task, program, svc.gateway.url + "/v1", agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED

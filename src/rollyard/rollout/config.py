@@ -79,7 +79,11 @@ class TasksConfig(_Section):
 
 
 class AgentSection(_Section):
-    kind: Literal["whitebox"] = "whitebox"
+    """The white-box tool loop (in this process), or an unmodified CLI agent run in each program's
+    sandbox by a black-box runner profile (a shipped name such as ``openai``, or a YAML path)."""
+
+    kind: Literal["whitebox", "blackbox"] = "whitebox"
+    profile: str | None = None  # blackbox: the runner profile
     max_turns: int = Field(default=6, ge=1)
     max_tokens: int = Field(default=96, ge=1)  # per model call
     timeout_s: float = Field(default=120.0, gt=0)  # a hung agent is terminated after this
@@ -159,6 +163,28 @@ class Config(_Section):
     def _buffer_groups(self) -> Config:
         if not self.buffer.group_whole:
             raise ValueError("buffer.group_whole must be true: the trainer takes whole groups")
+        return self
+
+    @model_validator(mode="after")
+    def _blackbox_agent(self) -> Config:
+        if self.agent.kind == "blackbox":
+            if not self.agent.profile:
+                raise ValueError("agent.profile is required with agent.kind: blackbox (e.g. openai)")
+            from rollyard.agents.blackbox import load_profile
+
+            try:
+                load_profile(self.agent.profile)
+            except ConfigError as e:
+                raise ValueError(f"agent.profile: {e.message}") from None
+            if self.ray.address:
+                raise ValueError(
+                    "agent.kind: blackbox runs on this machine only (the gateway's socket is local); "
+                    "unset ray.address"
+                )
+            if self.sft.enabled:
+                raise ValueError(
+                    "sft demonstrations are white-box tool calls; disable sft with a blackbox agent"
+                )
         return self
 
 

@@ -1,9 +1,12 @@
 """One program, start to end: agent in a sandbox against the gateway, then the hidden tests.
 
 ``act_and_evaluate`` is what a rollout worker does (locally, or inside a Ray actor): run the
-white-box agent with a hard timeout, then score the final workspace in a fresh sandbox. A hung
-agent is cut off and scored as it stands (status ``timeout``); a sandbox failure is recorded
-(status ``sandbox_error``), never raised, so one bad program cannot stop a run.
+agent with a hard timeout, then score the final workspace in a fresh sandbox. The agent is the
+white-box tool loop (an ``AgentConfig``: it runs here and calls the gateway over HTTP) or an
+unmodified CLI run inside the sandbox (a ``BlackBoxRunner``: it reaches the gateway only through
+its unix socket). A hung agent is cut off and scored as it stands (status ``timeout``); a
+sandbox failure is recorded (status ``sandbox_error``), never raised, so one bad program cannot
+stop a run.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 
 from pydantic import BaseModel, ConfigDict
 
+from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig, ExitReason, WhiteBoxAgent
 from rollyard.core.errors import RollyardError
 from rollyard.core.trajectory import Outcome
@@ -23,6 +27,9 @@ from rollyard.tasks.model import Task
 log = logging.getLogger(__name__)
 
 ENGINE_FAILURE = "engine_unavailable"
+BLACKBOX_EXITED = "exited"  # a black-box agent's process ended with status 0
+BLACKBOX_FAILED = "agent_error"  # ... or with another status
+MODEL_NAME = "policy"  # what the run's gateway serves
 
 
 class EpisodeResult(BaseModel):
@@ -47,6 +54,39 @@ def _engine_error(error: str | None) -> bool:
     )
 
 
+async def _whitebox(
+    task: Task, sandbox: Sandbox, base_url: str, api_key: str, agent: AgentConfig, timeout_s: float
+) -> tuple[str, int, str | None]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
+    try:
+        result = await asyncio.wait_for(
+            WhiteBoxAgent(client, agent).run(task.spec.instruction, sandbox), timeout_s
+        )
+    finally:
+        await client.close()
+    status = result.exit_reason.value
+    if result.exit_reason == ExitReason.ERROR and _engine_error(result.error):
+        status = ENGINE_FAILURE
+    return status, result.turns, result.error
+
+
+async def _blackbox(
+    task: Task, sandbox: Sandbox, api_key: str, runner: BlackBoxRunner, timeout_s: float
+) -> tuple[str, int, str | None]:
+    """The CLI's own timeout is the profile's; the episode's is the tighter bound around it."""
+    res = await asyncio.wait_for(
+        runner.run(sandbox, task=task.spec.instruction, api_key=api_key, model=MODEL_NAME), timeout_s
+    )
+    if res.timed_out:
+        raise TimeoutError
+    if res.rc == 0:
+        return BLACKBOX_EXITED, 0, None
+    error = f"rc={res.rc}: {res.stderr[-500:]}"
+    return (ENGINE_FAILURE if _engine_error(res.stderr[-2000:]) else BLACKBOX_FAILED), 0, error
+
+
 async def act_and_evaluate(
     task: Task,
     sandbox: Sandbox,
@@ -54,26 +94,20 @@ async def act_and_evaluate(
     *,
     base_url: str,
     api_key: str,
-    agent: AgentConfig,
+    agent: AgentConfig | BlackBoxRunner,
     timeout_s: float,
 ) -> EpisodeResult:
     """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace."""
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
-    runner = WhiteBoxAgent(client, agent)
     status, turns, error = "timeout", 0, None
     try:
-        result = await asyncio.wait_for(runner.run(task.spec.instruction, sandbox), timeout_s)
-        status, turns, error = result.exit_reason.value, result.turns, result.error
-        if result.exit_reason == ExitReason.ERROR and _engine_error(result.error):
-            status = ENGINE_FAILURE
+        if isinstance(agent, BlackBoxRunner):
+            status, turns, error = await _blackbox(task, sandbox, api_key, agent, timeout_s)
+        else:
+            status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s)
     except TimeoutError:
         log.warning("task=%s agent hung past %.0f s; terminated", task.id, timeout_s)
     except RollyardError as e:
         status, error = "sandbox_error", e.message
-    finally:
-        await client.close()
     if status == ENGINE_FAILURE:
         return EpisodeResult(
             status=status, outcome=Outcome(status="error", passed=False), turns=turns, error=error

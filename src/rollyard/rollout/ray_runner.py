@@ -17,7 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.errors import ConfigError
 from rollyard.core.program import Program
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import EpisodeResult, act_and_evaluate
@@ -97,7 +99,11 @@ class RayRunner:
         self.timeout_s = cfg.agent.timeout_s
         log.info("ray rollout workers=%d address=%s", len(self.workers), address)
 
-    async def run(self, task: Task, program: Program, base_url: str, agent: AgentConfig) -> EpisodeResult:
+    async def run(
+        self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
+    ) -> EpisodeResult:
+        if not isinstance(agent, AgentConfig):  # the config refuses this; a caller bypassing it too
+            raise ConfigError("Ray workers run white-box agents only (the gateway's socket is local)")
         worker = next(self._next)
         out = await worker.run.remote(
             str(task.root), program.api_key, base_url, agent.model_dump(mode="json"), self.timeout_s

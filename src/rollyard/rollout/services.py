@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -24,9 +26,11 @@ from rollyard.core.net import free_port
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.app import build_gateway, create_app
+from rollyard.gateway.serve import bind_tcp, bind_unix_socket
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.config import Config
+from rollyard.rollout.episode import MODEL_NAME
 from rollyard.rollout.interrupt import on_forced_exit
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
@@ -172,6 +176,7 @@ class GatewayServer:
     _server: object
     _task: asyncio.Task[None]
     closing: bool = False  # set first at teardown: a program ending now must not touch the journal
+    socket_path: Path | None = None  # the sandboxes' door (black-box agents), when served
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight handlers finish (``GATEWAY_DRAIN_S``, then cancelled),
@@ -183,31 +188,40 @@ class GatewayServer:
         if self._task.cancelled():  # cut off before its lifespan ended: close the journal here
             with contextlib.suppress(Exception):
                 self.gateway.journal.close()
+        if self.socket_path is not None:
+            shutil.rmtree(self.socket_path.parent, ignore_errors=True)
 
 
-async def start_gateway(cfg: Config, run_dir: Path, fleet: EngineFleet, model_dir: Path) -> GatewayServer:
-    """The gateway in this process: uvicorn served from an asyncio task, journal in the run dir."""
+async def start_gateway(
+    cfg: Config, run_dir: Path, fleet: EngineFleet, model_dir: Path, *, uds: bool = False
+) -> GatewayServer:
+    """The gateway in this process: uvicorn served from an asyncio task, journal in the run dir;
+    with ``uds``, also on a unix socket in a fresh short /tmp dir (socket paths must stay under
+    108 bytes) that sandboxes of black-box agents reach."""
     token = "rya-" + secrets.token_urlsafe(24)
     gw = build_gateway(
         {b.name: b for b in fleet.backends},
         FastTokenizer(model_dir),
         run_dir / "journal.db",
         token,
-        "policy",
+        MODEL_NAME,
         capacity=cfg.gateway.capacity,
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(
         create_app(gw),
-        host=cfg.gateway.host,
-        port=port,
         log_level="warning",
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=int(GATEWAY_DRAIN_S),
     )
+    sockets = [bind_tcp(cfg.gateway.host, port)]
+    socket_path = None
+    if uds:
+        socket_path = Path(tempfile.mkdtemp(prefix="ry-gw-", dir="/tmp")) / "gw.sock"
+        sockets.append(bind_unix_socket(socket_path))
     server = QuietServer(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=sockets))
     for _ in range(200):
         if server.started:
             break
@@ -219,8 +233,8 @@ async def start_gateway(cfg: Config, run_dir: Path, fleet: EngineFleet, model_di
         raise EngineStartError(f"the gateway did not start on port {port}")
     host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::") else cfg.gateway.host
     url = f"http://{host}:{port}"
-    log.info("gateway up url=%s", url)
-    return GatewayServer(gw, url, token, server, task)
+    log.info("gateway up url=%s socket=%s", url, socket_path)
+    return GatewayServer(gw, url, token, server, task, socket_path=socket_path)
 
 
 def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
@@ -251,7 +265,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
     with on_forced_exit(lambda: kill_servers(starting)):
         fleet = await _start_engines(cfg, run_dir, weights, version, starting)
         try:
-            gw = await start_gateway(cfg, run_dir, fleet, weights)
+            gw = await start_gateway(cfg, run_dir, fleet, weights, uds=cfg.agent.kind == "blackbox")
             try:
                 provider = make_provider(cfg, run_dir)
                 pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)

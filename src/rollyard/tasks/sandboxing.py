@@ -65,16 +65,21 @@ async def prepare(task: Task, provider: SandboxProvider, *, variant: str | None 
     """The agent's sandbox: workspace copied in, setup run, its artefacts removed; no tests."""
     sb = await provider.create(sandbox_spec(task, provider, variant=variant))
     try:
-        script = task.setup_script
-        if script is not None:
-            await sb.write(f"{SETUP_DIR}/{script.name}", script.read_bytes())
-            cmd = f"bash {shlex.quote(f'{SETUP_DIR}/{script.name}')}"
-            await _run(sb, cmd, task.spec.timeouts.setup_s, "setup script", task)
-        await remove_artefacts(sb, [SETUP_DIR, *task.spec.hygiene_artefacts])
+        await set_up(task, sb)
     except BaseException:
         await sb.close()
         raise
     return sb
+
+
+async def set_up(task: Task, sb: Sandbox) -> None:
+    """Run the task's setup script (if any) in a fresh workspace, then remove its artefacts."""
+    script = task.setup_script
+    if script is not None:
+        await sb.write(f"{SETUP_DIR}/{script.name}", script.read_bytes())
+        cmd = f"bash {shlex.quote(f'{SETUP_DIR}/{script.name}')}"
+        await _run(sb, cmd, task.spec.timeouts.setup_s, "setup script", task)
+    await remove_artefacts(sb, [SETUP_DIR, *task.spec.hygiene_artefacts])
 
 
 async def apply_solution(task: Task, sb: Sandbox) -> None:
