@@ -7,6 +7,7 @@ import pytest
 
 from rollyard.core.errors import TaskError
 from rollyard.sandbox.base import ExecResult, SandboxProvider
+from rollyard.sandbox.pool import SandboxPool
 from rollyard.tasks import (
     Task,
     TaskFiles,
@@ -20,6 +21,7 @@ from rollyard.tasks import (
     prepare,
     write_task,
 )
+from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
 MakeTask = Callable[..., Task]
 
@@ -127,6 +129,24 @@ async def test_setup_runs_and_its_declared_artefacts_are_removed(
         await sb.close()
     assert "src/app.py" in listing and "README" in listing
     assert not any(p.startswith(("cache/x", "install.log", ".rollyard_setup")) for p in listing)
+
+
+async def test_a_pooled_sandbox_runs_the_setup_too(provider: SandboxProvider, tmp_path: Path) -> None:
+    """The rollout's pool prepares sandboxes with the same ``set_up`` as ``prepare``."""
+    files = _custom(tmp_path, setup="setup.sh", hygiene_artefacts=["install.log"])
+    files.extra["setup.sh"] = "mkdir -p src; echo made > src/app.py; echo log > install.log\n"
+    task = load_task(write_task(tmp_path / "pooled", files))
+    pool = SandboxPool(provider, ahead=0, deadline_s=60)
+    pool.register(task.id, sandbox_spec(task, provider), prepare=lambda sb: set_up(task, sb), ahead=0)
+    try:
+        sb = await pool.acquire(task.id, "prog-1")
+        listing = await sb.snapshot()
+        await pool.release("prog-1")
+    finally:
+        await pool.close()
+    assert "src/app.py" in listing
+    assert not any(p.startswith(("install.log", ".rollyard_setup")) for p in listing)
+    assert pool.stats.leaks == 0
 
 
 async def test_a_script_solution_is_run_and_then_removed(provider: SandboxProvider, tmp_path: Path) -> None:
