@@ -23,6 +23,11 @@ the cores: in a closed loop, CPU the gateway takes from the engine slows every r
 ``p50_added_ms`` at 64 concurrent programs is about ``(1/thr_ratio - 1)`` times the engine's
 latency, on top of ``p50_own_ms``.
 
+The floor (``floor_p50_added_ms``, ``floor_cpu_ms_per_req``): the same 64-program level with
+``rollyard.bench.floor_proxy`` in the gateway's place, a raw ASGI relay of the direct bodies on
+the same server and client stack. It is what one Python HTTP hop costs on these shared cores
+before any gateway work, the part of the added latency no change inside the gateway removes.
+
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
 as ``tiny``).
 """
@@ -95,6 +100,27 @@ def _gateway(engine_url: str, model_dir: Path) -> Iterator[tuple[str, int]]:
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+@contextlib.contextmanager
+def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
+    """``rollyard.bench.floor_proxy`` in its own process: (url, pid)."""
+    import socket
+
+    from rollyard.core.net import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "rollyard.bench.floor_proxy", "--engine", engine_url, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(15)
 
 
 class Workload:
@@ -240,8 +266,12 @@ async def _level(
     keys: list[str],
     c: int,
     n: int,
+    relay: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Direct and gateway in alternating blocks: pooled stats, per-round pairs, gateway CPU."""
+    """Direct and gateway in alternating blocks: pooled stats, per-round pairs, gateway CPU.
+
+    With ``relay`` (url, pid), the floor proxy takes the gateway's place: it gets the direct
+    bodies, and its CPU is measured."""
     engine_url, gw_url, gw_pid = urls
     bodies = {i: await work.direct(i) for i in range(n)}
 
@@ -249,7 +279,12 @@ async def _level(
         return await _post(s, f"{engine_url}/v1/completions", bodies[i], None)
 
     async def via(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
+        if relay is not None:
+            return await _post(s, f"{relay[0]}/v1/completions", bodies[i], None)
         return await _post(s, f"{gw_url}/v1/chat/completions", work.chat(i), keys[w % len(keys)])
+
+    if relay is not None:
+        gw_pid = relay[1]
 
     pooled = {p: _acc() for p in ("direct", "gateway")}
     rounds = 4 if n >= 4 * c else 2
@@ -311,6 +346,12 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 cpu_s += level.pop("_cpu_s")
                 gw_requests += level["gateway"]["requests"]
                 details[f"c{c}"] = level
+            # The floor: a bare Python relay in the gateway's place, same concurrency and bodies.
+            with _floor(engine_url) as relay:
+                await _level(session, work, urls, keys, 8, 16, relay)
+                floor = await _level(session, work, urls, keys, 64, per_level[64], relay)
+                floor.pop("_cpu_s")
+                details["floor_c64"] = floor
             t0 = time.perf_counter()
             _, open_keys = await _programs(session, gw_url, n_open)
             create_s = time.perf_counter() - t0
@@ -325,6 +366,8 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         "p99_added_ms": c64["median"]["p99_added_ms"],
         "cpu_ms_per_req": 1000 * cpu_s / gw_requests,
         "p50_own_ms": c64["gateway"]["own_p50_ms"],
+        "floor_p50_added_ms": details["floor_c64"]["median"]["p50_added_ms"],
+        "floor_cpu_ms_per_req": details["floor_c64"]["gateway_cpu_ms_per_req"],
         "load1": os.getloadavg()[0],
     }
     details["pooled_64"] = {

@@ -1,0 +1,67 @@
+"""The least a Python HTTP hop can do: relay ``POST /v1/completions`` bytes to one engine.
+
+``rollyard bench gateway`` runs it beside the gateway as a floor: same server stack (uvicorn
+with uvloop and httptools when installed), same client (aiohttp, pooled), no parsing, rendering,
+scheduling or journal. What it adds over the direct path, on the same shared cores, is what any
+Python proxy adds before the gateway does any work of its own.
+
+    python -m rollyard.bench.floor_proxy --engine URL --port PORT
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import aiohttp
+import uvicorn
+
+
+def make_app(engine_url: str) -> Any:
+    """A raw ASGI app (no framework): read the body, post it upstream, send the answer back."""
+    session: aiohttp.ClientSession | None = None
+    target = engine_url.rstrip("/") + "/v1/completions"
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal session
+        if scope["type"] == "lifespan":
+            while (msg := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            if session is not None:
+                await session.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if session is None:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096))
+        headers = {"content-type": "application/json"}
+        async with session.post(target, data=body, headers=headers) as r:
+            data = await r.read()
+            status = r.status
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
+
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", required=True)
+    p.add_argument("--port", type=int, required=True)
+    a = p.parse_args()
+    uvicorn.run(make_app(a.engine), host="127.0.0.1", port=a.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
