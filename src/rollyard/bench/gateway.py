@@ -27,6 +27,9 @@ The floor (``floor_p50_added_ms``, ``floor_cpu_ms_per_req``): the same 64-progra
 ``rollyard.bench.floor_proxy`` in the gateway's place, a raw ASGI relay of the direct bodies on
 the same server and client stack. It is what one Python HTTP hop costs on these shared cores
 before any gateway work, the part of the added latency no change inside the gateway removes.
+On the 2-core development machine the per-round ``p50_added_ms`` of the floor itself spans tens
+of ms (-37 to +134 in one run): a goal of a few ms is below what this closed loop resolves
+there; it needs an engine that does not share the gateway's cores.
 
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
 as ``tiny``).
