@@ -7,8 +7,9 @@ stage straight into the file without looking, right one time in ``len(cycle)``.
 
 Built for the default example's ~4M-parameter model trained from scratch for minutes on a
 CPU, which learns procedures but not, in that time, to copy or map a token it read in a tool
-output (measured in docs/training.md): solving needs no token from an observation, and the
-warm start imitates a policy that guesses half the time.
+output (measured in docs/training.md): solving needs no token from an observation, and a warm
+start on demonstrations with ``mistake_prob`` 0.5 (the demo's) imitates a policy that guesses
+half the time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def next_stage(stage: str, cycle: tuple[str, ...] = CYCLE) -> str:
 
 class StageFamily:
     name = "stage"
-    description = "read the current stage in stage.txt and advance it one step along a fixed cycle"
+    description = "advance the stage in stage.txt one step along a fixed cycle (a workspace helper does it)"
 
     def __init__(self, cycle: tuple[str, ...] = CYCLE) -> None:
         if len(cycle) < 2 or len(set(cycle)) != len(cycle):
