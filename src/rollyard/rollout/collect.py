@@ -14,9 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rollyard.agents.blackbox import BlackBoxRunner, load_profile
+from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
-from rollyard.core.errors import ConfigError
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
@@ -77,27 +76,6 @@ class LocalRunner:
             await self.svc.pool.release(program.id)
 
 
-def program_agent(svc: Services) -> AgentConfig | BlackBoxRunner:
-    """What runs each program: the white-box loop, or the configured black-box profile."""
-    cfg = svc.cfg
-    if cfg.agent.kind == "whitebox":
-        return agent_config(cfg)
-    if svc.gateway.socket_path is None or cfg.agent.profile is None:
-        raise ConfigError("a blackbox agent needs agent.profile and the gateway's unix socket")
-    isolated = cfg.sandbox.provider == "bwrap"
-    return BlackBoxRunner(load_profile(cfg.agent.profile), svc.gateway.socket_path, isolated=isolated)
-
-
-def agent_config(cfg: Config) -> AgentConfig:
-    a = cfg.agent
-    return AgentConfig(
-        max_turns=a.max_turns,
-        tool_timeout_s=a.tool_timeout_s,
-        max_tool_output_chars=a.max_tool_output_chars,
-        max_tokens=a.max_tokens,
-    )
-
-
 async def run_program(
     svc: Services,
     runner: ProgramRunner,
@@ -109,12 +87,11 @@ async def run_program(
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.gateway
     cfg = svc.cfg
-    agent = program_agent(svc)
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
     for attempt in range(retries + 1):
         async with svc.slots:
             program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
-            res = await runner.run(task, program, svc.gateway.url + "/v1", agent)
+            res = await runner.run(task, program, svc.gateway.url + "/v1", svc.agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED

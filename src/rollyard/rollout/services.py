@@ -21,7 +21,9 @@ from pathlib import Path
 
 import uvicorn
 
-from rollyard.core.errors import EngineStartError, SandboxError
+from rollyard.agents.blackbox import BlackBoxRunner, load_profile
+from rollyard.agents.loop import AgentConfig
+from rollyard.core.errors import ConfigError, EngineStartError, SandboxError
 from rollyard.core.net import free_port
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.vllm import VLLMBackend
@@ -247,6 +249,26 @@ def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
     return LocalProvider(run_dir / "sandboxes", unsafe=True)
 
 
+def agent_config(cfg: Config) -> AgentConfig:
+    a = cfg.agent
+    return AgentConfig(
+        max_turns=a.max_turns,
+        tool_timeout_s=a.tool_timeout_s,
+        max_tool_output_chars=a.max_tool_output_chars,
+        max_tokens=a.max_tokens,
+    )
+
+
+def program_agent(cfg: Config, gateway: GatewayServer) -> AgentConfig | BlackBoxRunner:
+    """What runs each program: the white-box loop, or the configured black-box profile."""
+    if cfg.agent.kind == "whitebox":
+        return agent_config(cfg)
+    if gateway.socket_path is None or cfg.agent.profile is None:
+        raise ConfigError("a blackbox agent needs agent.profile and the gateway's unix socket")
+    isolated = cfg.sandbox.provider == "bwrap"
+    return BlackBoxRunner(load_profile(cfg.agent.profile), gateway.socket_path, isolated=isolated)
+
+
 @dataclass
 class Services:
     cfg: Config
@@ -255,6 +277,7 @@ class Services:
     provider: SandboxProvider
     pool: SandboxPool
     slots: asyncio.Semaphore  # bounds programs running at once, so a burst cannot swamp the engines
+    agent: AgentConfig | BlackBoxRunner  # what every program runs (built once per run)
 
 
 @contextlib.asynccontextmanager
@@ -270,7 +293,8 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
                 provider = make_provider(cfg, run_dir)
                 pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
                 try:
-                    yield Services(cfg, fleet, gw, provider, pool, asyncio.Semaphore(cfg.run.max_programs))
+                    slots = asyncio.Semaphore(cfg.run.max_programs)
+                    yield Services(cfg, fleet, gw, provider, pool, slots, program_agent(cfg, gw))
                 finally:
                     # Callers have cancelled their programs by now. The gateway goes first: it stops
                     # accepting, drains or cancels its handlers and only then closes the journal.

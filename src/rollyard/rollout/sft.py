@@ -24,8 +24,8 @@ from rollyard.gateway.renderer import Renderer
 from rollyard.gateway.routes_openai_chat import parse_tools
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.gateway.types import Message
-from rollyard.rollout.collect import agent_config
 from rollyard.rollout.config import Config
+from rollyard.rollout.services import agent_config
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.tasks import prepare, solve
