@@ -54,10 +54,15 @@ class Step(BaseModel):
     detours: list[ToolCall] = Field(default_factory=list)
 
 
-def with_mistakes(steps: list[Step], rng: random.Random, mistake_prob: float) -> list[ToolCall]:
-    """The correct calls, each preceded by one of its detours with probability ``mistake_prob``."""
+def check_mistake_prob(mistake_prob: float) -> float:
     if not 0.0 <= mistake_prob <= 1.0:
         raise ValueError(f"mistake_prob must be in [0, 1], got {mistake_prob}")
+    return mistake_prob
+
+
+def with_mistakes(steps: list[Step], rng: random.Random, mistake_prob: float) -> list[ToolCall]:
+    """The correct calls, each preceded by one of its detours with probability ``mistake_prob``."""
+    check_mistake_prob(mistake_prob)
     out: list[ToolCall] = []
     for step in steps:
         if step.detours and rng.random() < mistake_prob:

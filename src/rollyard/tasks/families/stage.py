@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import random
 
-from rollyard.tasks.families.base import ToolCall, bash, pass_fraction_check, submit, write_file
+from rollyard.tasks.families.base import (
+    ToolCall,
+    bash,
+    check_mistake_prob,
+    pass_fraction_check,
+    submit,
+    write_file,
+)
 from rollyard.tasks.model import Task, TaskSpec, Timeouts
 from rollyard.tasks.writer import TaskFiles
 
@@ -58,9 +65,7 @@ class StageFamily:
 
     def solve(self, task: Task, rng: random.Random, mistake_prob: float) -> list[ToolCall]:
         """Run the helper and submit; with ``mistake_prob``, write a guess unseen instead."""
-        if not 0.0 <= mistake_prob <= 1.0:
-            raise ValueError(f"mistake_prob must be in [0, 1], got {mistake_prob}")
-        if rng.random() < mistake_prob:
+        if rng.random() < check_mistake_prob(mistake_prob):
             guess = rng.choice(task.spec.metadata.get("cycle", self.cycle))
             return [write_file(FILE, guess, mistake=guess != task.spec.metadata["target"]), submit()]
         return [bash(f"sh {HELPER}"), submit()]
