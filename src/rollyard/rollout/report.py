@@ -44,17 +44,53 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def make_report(run_dir: Path) -> Path:
-    """Write ``RUN_DIR/report/*.png`` and ``summary.md``; returns the summary path."""
+def _line_plot(
+    path: Path,
+    lines: dict[str, tuple[list[int], list[float]]],
+    *,
+    xlabel: str,
+    title: str | None = None,
+    ylabel: str | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> None:
+    """One PNG: a line per entry of ``lines`` (labelled, with a legend, when there are several)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    run = RunDir(run_dir)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for label, (xs, ys) in lines.items():
+        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_xlabel(xlabel)
+    if title:
+        ax.set_title(title)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _metrics(run: RunDir) -> list[dict[str, Any]]:
     rows = run.read_metrics()
     if not rows:
-        raise ConfigError(f"{run_dir} has no metrics.jsonl lines yet; nothing to report")
+        raise ConfigError(f"{run.root} has no metrics.jsonl lines yet; nothing to report")
+    return rows
+
+
+def make_report(run_dir: Path) -> Path:
+    """Write ``RUN_DIR/report/*.png`` and ``summary.md``; returns the summary path."""
+    run = RunDir(run_dir)
+    return _write_report(run, _metrics(run))
+
+
+def _write_report(run: RunDir, rows: list[dict[str, Any]]) -> Path:
     out = run.root / "report"
     out.mkdir(exist_ok=True)
     written = []
@@ -62,14 +98,7 @@ def make_report(run_dir: Path) -> Path:
         xs, ys = _series(rows, key)
         if not xs:
             continue
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(xs, ys, marker="o", markersize=3)
-        ax.set_xlabel("step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
-        plt.close(fig)
+        _line_plot(out / name, {key: (xs, ys)}, xlabel="step", title=title)
         written.append(name)
     s = summarize(rows)
     lines = [f"# rollyard run {run.root.name}", ""]
@@ -93,29 +122,17 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def make_comparison(run_dirs: list[Path], out: Path) -> Path:
     """Each run's own report, plus ``out/heldout_success.png`` (one line per run) and ``out/summary.md``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = {}
     for d in run_dirs:
-        make_report(d)
-        runs[RunDir(d).root.name] = RunDir(d).read_metrics()
+        run = RunDir(d)
+        runs[run.root.name] = rows = _metrics(run)
+        _write_report(run, rows)
     result = compare(runs)
     out.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for name, rows in runs.items():
-        xs, ys = _series(rows, "eval_success")
-        ax.plot(xs, ys, marker="o", markersize=3, label=name)
-    ax.set_xlabel("RL step")
-    ax.set_ylabel("held-out success rate")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "heldout_success.png", dpi=100)
-    plt.close(fig)
+    curves = {name: _series(rows, "eval_success") for name, rows in runs.items()}
+    _line_plot(
+        out / "heldout_success.png", curves, xlabel="RL step", ylabel="held-out success rate", ylim=(0, 1)
+    )
     lines = [
         "| run | held-out start | held-out end | gain (points) | RL steps wall (s) |",
         "| --- | --- | --- | --- | --- |",
