@@ -53,6 +53,7 @@ import aiohttp
 import httpx
 
 from rollyard.bench._report import report
+from rollyard.core.net import free_port
 
 ADMIN = "bench-admin"
 MAX_TOKENS = 32
@@ -83,8 +84,6 @@ def _engine() -> Iterator[tuple[str, Path]]:
 
 @contextlib.contextmanager
 def _gateway(engine_url: str, model_dir: Path) -> Iterator[tuple[str, int]]:
-    from rollyard.engines.launcher import free_port
-
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
         cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url]
@@ -109,8 +108,6 @@ def _gateway(engine_url: str, model_dir: Path) -> Iterator[tuple[str, int]]:
 def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
     """``rollyard.bench.floor_proxy`` in its own process: (url, pid)."""
     import socket
-
-    from rollyard.core.net import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "rollyard.bench.floor_proxy", "--engine", engine_url, "--port", str(port)]
@@ -276,6 +273,7 @@ async def _level(
     With ``relay`` (url, pid), the floor proxy takes the gateway's place: it gets the direct
     bodies, and its CPU is measured."""
     engine_url, gw_url, gw_pid = urls
+    measured_pid = gw_pid if relay is None else relay[1]
     bodies = {i: await work.direct(i) for i in range(n)}
 
     async def direct(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
@@ -286,9 +284,6 @@ async def _level(
             return await _post(s, f"{relay[0]}/v1/completions", bodies[i], None)
         return await _post(s, f"{gw_url}/v1/chat/completions", work.chat(i), keys[w % len(keys)])
 
-    if relay is not None:
-        gw_pid = relay[1]
-
     pooled = {p: _acc() for p in ("direct", "gateway")}
     rounds = 4 if n >= 4 * c else 2
     chunks = [list(range(n))[r::rounds] for r in range(rounds)]
@@ -296,10 +291,10 @@ async def _level(
     for r, chunk in enumerate(chunks):
         this = {p: _acc() for p in ("direct", "gateway")}
         for path in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
-            cpu0 = _cpu_seconds(gw_pid)
+            cpu0 = _cpu_seconds(measured_pid)
             await _block(session, direct if path == "direct" else via, chunk, c, this[path])
             if path == "gateway":
-                cpu += _cpu_seconds(gw_pid) - cpu0
+                cpu += _cpu_seconds(measured_pid) - cpu0
             for k in ("tokens", "wall"):
                 pooled[path][k] += this[path][k]
             for k in ("lat", "own", "outside_engine"):
