@@ -4,7 +4,6 @@ from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.programs import ProgramTable, resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
-from rollyard.gateway.scheduler import Dispatch, EngineView, FifoSticky, Policy, Scheduler
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer, Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
@@ -13,17 +12,12 @@ __all__ = [
     "ChatRequest",
     "ChatResult",
     "ConversationState",
-    "Dispatch",
-    "EngineView",
     "FastTokenizer",
-    "FifoSticky",
     "Gateway",
     "Message",
-    "Policy",
     "ProgramTable",
     "RenderPlan",
     "Renderer",
-    "Scheduler",
     "SqliteJournal",
     "Tokenizer",
     "Tool",

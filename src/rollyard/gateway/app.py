@@ -25,9 +25,9 @@ from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import Renderer
-from rollyard.gateway.scheduler import Policy, Scheduler
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import Tokenizer
+from rollyard.sched import Policy, Scheduler, make_policy
 
 
 def build_gateway(
@@ -38,7 +38,7 @@ def build_gateway(
     model_name: str,
     *,
     clock: Clock | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     strict_model: bool = False,
     capacity: int = 256,
 ) -> Gateway:
@@ -46,6 +46,8 @@ def build_gateway(
     metrics = GatewayMetrics()
     journal = SqliteJournal(journal_path)
     programs = ProgramTable(journal, clock, admin_token)
+    if isinstance(policy, str):
+        policy = make_policy(policy)
     pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity)
     return Gateway(pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model)
 
@@ -56,13 +58,18 @@ def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.pool.probe()
-        poller = asyncio.create_task(gateway.pool.poll_forever(poll_interval_s))
+        tasks = [
+            asyncio.create_task(gateway.pool.poll_forever(poll_interval_s)),
+            asyncio.create_task(gateway.pool.tick_forever()),
+        ]
         try:
             yield
         finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await gateway.pool.aclose()
             gateway.journal.close()
 

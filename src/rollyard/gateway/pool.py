@@ -1,4 +1,8 @@
-"""The shell around the scheduler: waits for a dispatch, tracks engine health and KV usage."""
+"""The shell around the scheduling core: carries out its decisions, tracks engine health and KV.
+
+Requests wait here until ``Scheduler.dispatch`` starts them; a paused program's requests are
+held the same way (pausing never touches the engine: vLLM's ``/pause`` is engine-wide).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from collections.abc import Mapping
 from rollyard.core.errors import EngineUnavailable
 from rollyard.engines.base import Backend
 from rollyard.gateway.metrics import GatewayMetrics
-from rollyard.gateway.scheduler import Dispatch, Scheduler
+from rollyard.sched import Move, Pause, Restore, Scheduler, Start
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +32,7 @@ class EnginePool:
         self.backends = dict(backends)
         self.scheduler = scheduler
         self.metrics = metrics
-        self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self._waiters: dict[str, asyncio.Future[Start]] = {}
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
         for name in self.backends:
             scheduler.add_engine(name, capacity)
@@ -51,14 +55,14 @@ class EnginePool:
             except Exception as e:  # reported as down; the poller brings it back
                 self.mark_down(name, type(e).__name__)
 
-    async def acquire(self, program_id: str, prompt_tokens: int) -> Dispatch:
+    async def acquire(self, program_id: str, prompt_tokens: int, max_tokens: int | None = None) -> Start:
         """Wait until the scheduler starts this request; raises when no engine is healthy."""
         if not self.scheduler.healthy_engines():
             raise EngineUnavailable("no healthy engine; retry shortly", retry_after_s=2.0)
         rid = f"req_{next(self._ids)}"
-        fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
-        self.scheduler.submit(rid, program_id, prompt_tokens)
+        self.scheduler.submit(rid, program_id, prompt_tokens, max_tokens)
         self._pump()
         try:
             d = await fut
@@ -70,12 +74,14 @@ class EnginePool:
         self.metrics.queue_wait.observe(d.waited_s)
         return d
 
-    def release(self, dispatch: Dispatch) -> None:
-        self.scheduler.complete(dispatch.request_id)
+    def release(self, start: Start, output_tokens: int | None = None) -> None:
+        self.scheduler.complete(start.request_id, output_tokens)
         self._pump()
 
     def _pump(self) -> None:
         for d in self.scheduler.dispatch():
+            if isinstance(d, Move):
+                continue  # the following Start carries moved_from
             fut = self._waiters.pop(d.request_id, None)
             if fut is None or fut.done():
                 self.scheduler.complete(d.request_id)
@@ -106,6 +112,22 @@ class EnginePool:
         while True:
             await self.refresh()
             await asyncio.sleep(interval_s)
+
+    def tick(self) -> list[Pause | Restore]:
+        """Run the admission policy once and start whatever its restores let run."""
+        decisions = self.scheduler.tick()
+        if decisions:
+            self._pump()
+        return decisions
+
+    async def tick_forever(self) -> None:
+        """Call the policy every ``tick_s`` (nothing to do for policies that never pause)."""
+        interval = self.scheduler.policy.tick_s
+        if not interval:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            self.tick()
 
     async def aclose(self) -> None:
         for b in self.backends.values():

@@ -23,7 +23,7 @@ from rollyard.gateway.recorder import SqliteJournal
 
 log = logging.getLogger(__name__)
 
-TerminationHook = Callable[[Program], None]
+ProgramHook = Callable[[Program], None]
 
 
 def _digest(key: str) -> str:
@@ -55,7 +55,8 @@ class ProgramTable:
         self._admin = admin_token
         self._programs: dict[str, Program] = {}
         self._by_key: dict[str, str] = {}
-        self._hooks: list[TerminationHook] = []
+        self._hooks: list[ProgramHook] = []
+        self._create_hooks: list[ProgramHook] = []
         for p in journal.load_programs():
             self._index(p)
 
@@ -69,9 +70,16 @@ class ProgramTable:
     def all(self) -> list[Program]:
         return list(self._programs.values())
 
-    def on_terminate(self, hook: TerminationHook) -> None:
+    def on_terminate(self, hook: ProgramHook) -> None:
         """Called with the program when it finishes or is terminated (the sandbox layer subscribes)."""
         self._hooks.append(hook)
+
+    def on_create(self, hook: ProgramHook) -> None:
+        """Called with each new program, and now with every live one (the scheduler subscribes)."""
+        self._create_hooks.append(hook)
+        for p in self._programs.values():
+            if not p.state.is_over:
+                hook(p)
 
     # auth -----------------------------------------------------------------
     def is_admin(self, key: str | None) -> bool:
@@ -113,6 +121,8 @@ class ProgramTable:
         self.journal.save_program(program)
         self._index(program)
         log.info("program created id=%s group=%s task=%s", program.id, program.group_id, program.task_id)
+        for hook in self._create_hooks:
+            hook(program)
         return program
 
     def require_active(self, program: Program) -> None:

@@ -23,6 +23,7 @@ from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.tokenizer import FastTokenizer
+from rollyard.sched import make_policy
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,14 @@ def serve(
     capacity: int = 256,
     uds: Path | None = None,
     tcp: bool = True,
+    policy: str = "fifo",
 ) -> None:
     """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given."""
     from rollyard.engines.vllm import VLLMBackend
 
     if not engines:
         raise ConfigError("give at least one --engine URL")
+    make_policy(policy)  # an unknown name fails before anything starts
     if not tcp and uds is None:
         raise ConfigError("--no-tcp needs --uds PATH (nothing to listen on)")
     found_dir, found_name = (model_dir, model_name) if model_dir else discover_model_dir(engines[0])
@@ -98,6 +101,7 @@ def serve(
         model_name or found_name or "model",
         strict_model=strict_model,
         capacity=capacity,
+        policy=policy,
     )
     import uvicorn
 

@@ -27,9 +27,9 @@ from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
-from rollyard.gateway.scheduler import Dispatch
 from rollyard.gateway.streaming import TextStreamer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
+from rollyard.sched import Start
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ class Gateway:
         self.model_name, self.strict_model = model_name, strict_model
         self.conversations: dict[str, ConversationState] = journal.load_conversations()
         self._locks: dict[str, asyncio.Lock] = {}
+        programs.on_create(
+            lambda p: pool.scheduler.register(p.id, p.group_id, context_tokens=p.context_tokens)
+        )
         programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
 
     # public ---------------------------------------------------------------
@@ -146,9 +149,9 @@ class Gateway:
         streamer = TextStreamer(self.renderer.tok)
         completion: Completion | None = None
         engine_s = 0.0
-        dispatch: Dispatch | None = None
+        dispatch: Start | None = None
         for attempt in range(2):  # one retry on another engine if the first one dies
-            dispatch = await self.pool.acquire(program.id, len(plan.prompt_ids))
+            dispatch = await self.pool.acquire(program.id, len(plan.prompt_ids), params.max_tokens)
             started = self.clock.now()
             program.phase, program.engine = ProgramPhase.REASONING, dispatch.engine
             try:
@@ -171,7 +174,7 @@ class Gateway:
             finally:
                 engine_s += self.clock.now() - started
                 program.phase = ProgramPhase.ACTING
-                self.pool.release(dispatch)
+                self.pool.release(dispatch, len(completion.token_ids) if completion else None)
         assert completion is not None and dispatch is not None
         result = await self._record(program, request, plan, params, completion, dispatch, submitted, started)
         now = self.clock.now()
@@ -211,7 +214,7 @@ class Gateway:
         plan: RenderPlan,
         params: SamplingParams,
         completion: Completion,
-        dispatch: Dispatch,
+        dispatch: Start,
         submitted: float,
         started: float,
     ) -> ChatResult:
@@ -277,6 +280,7 @@ class Gateway:
             response_id=response_id,
         )
         program.context_tokens = turn.total_tokens
+        self.pool.scheduler.observe(program.id, context_tokens=turn.total_tokens)
         # The state moves first: a client that disconnects mid-commit does not stop the commit
         # (the journal shields it), so the next turn must already build on this one.
         self.conversations[program.id] = state

@@ -19,6 +19,7 @@ from rollyard.core.errors import ConfigError
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.rewards import RewardConfig
+from rollyard.sched import Policy, make_policy
 from rollyard.train.trainer import TrainConfig
 
 
@@ -46,10 +47,50 @@ class EngineConfig(_Section):
     restart_on_death: bool = True
 
 
+class SchedulingConfig(_Section):
+    """A scheduling preset by name, with any of its parts swapped (``rollyard.sched.registry``)."""
+
+    policy: str = "fifo"
+    router: str | None = None
+    admission: str | None = None
+    order: str | None = None
+    tick_s: float | None = Field(default=None, gt=0)
+    options: dict[str, float | int | str | bool] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> SchedulingConfig:
+        self.build()  # unknown names fail here, with the list of choices
+        return self
+
+    def build(self) -> Policy:
+        try:
+            return make_policy(
+                self.policy,
+                router=self.router,
+                admission=self.admission,
+                order=self.order,
+                tick_s=self.tick_s,
+                **self.options,
+            )
+        except ConfigError as e:
+            raise ValueError(e.message) from None
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_shorthand(cls, data: Any) -> Any:
+        """``gateway.policy: NAME`` is short for ``gateway.scheduling.policy: NAME``."""
+        if isinstance(data, dict) and "policy" in data:
+            data = dict(data)
+            name = data.pop("policy")
+            data["scheduling"] = {**(data.get("scheduling") or {}), "policy": name}
+        return data
 
 
 class SandboxConfig(_Section):

@@ -208,6 +208,7 @@ async def start_gateway(
         token,
         MODEL_NAME,
         capacity=cfg.gateway.capacity,
+        policy=cfg.gateway.scheduling.build(),
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(

@@ -1,0 +1,58 @@
+"""A policy is three small parts that compose: a router, an admission (pause) policy, an order.
+
+- ``Router``: which engine a program runs on (first placement, after engine death, and
+  whether to move a sticky program away from a saturated engine).
+- ``Admission``: who may run now; called every ``tick_s`` and returns pauses and restores.
+- ``Order``: in what sequence queued requests are tried.
+
+Each part reads the ``SchedState`` and returns values; none mutates anything, so the same
+objects run in the gateway, in unit tests and in the simulator under a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rollyard.sched.decisions import Move, Pause, Restore
+from rollyard.sched.views import ProgramView, Request, SchedState
+
+__all__ = ["Admission", "Order", "Policy", "Router"]
+
+
+class Router(Protocol):
+    def place(self, program: ProgramView, state: SchedState, now: float) -> str | None:
+        """The engine for a program with no healthy placement; None when none has room."""
+        ...
+
+    def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:
+        """Move a placed program before ``request`` starts (e.g. its engine is saturated); None: stay."""
+        ...
+
+
+class Admission(Protocol):
+    def tick(self, state: SchedState, now: float) -> list[Pause | Restore]:
+        """Periodic decision: which active programs to pause, which paused ones to restore."""
+        ...
+
+
+class Order(Protocol):
+    def order(self, queue: Sequence[Request], state: SchedState, now: float) -> list[Request]:
+        """The queued requests in the order they should be tried."""
+        ...
+
+    def priority(self, request: Request, state: SchedState, now: float) -> int | None:
+        """vLLM per-request priority for a started request (lower first); None: engine default."""
+        ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A named composition; ``tick_s`` is how often the shell calls ``Scheduler.tick`` (None: never)."""
+
+    name: str
+    router: Router
+    admission: Admission
+    order: Order
+    tick_s: float | None = None

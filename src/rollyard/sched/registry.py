@@ -1,0 +1,71 @@
+"""Policies by name: presets (``fifo``, ...) and the parts they are built from.
+
+``make_policy("thunder")`` gives a preset; ``make_policy("thunder", order="seer")`` swaps one
+part, which is how mechanisms compose (ThunderAgent pause/restore with Seer's ordering and
+cost-aware routing in one scheduler). Every name a user can write is listed in the error
+for one that does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rollyard.core.errors import ConfigError
+from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
+from rollyard.sched.policy import Admission, Order, Policy, Router
+
+__all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
+
+Options = dict[str, Any]
+
+ROUTERS: dict[str, Callable[[Options], Router]] = {"least_loaded": lambda o: LeastLoaded()}
+ADMISSIONS: dict[str, Callable[[Options], Admission]] = {"admit_all": lambda o: AdmitAll()}
+ORDERS: dict[str, Callable[[Options], Order]] = {"fifo": lambda o: FifoOrder()}
+# preset name -> (router, admission, order, default tick seconds)
+PRESETS: dict[str, tuple[str, str, str, float | None]] = {"fifo": ("least_loaded", "admit_all", "fifo", None)}
+
+
+def policy_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def router_names() -> list[str]:
+    return sorted(ROUTERS)
+
+
+def admission_names() -> list[str]:
+    return sorted(ADMISSIONS)
+
+
+def order_names() -> list[str]:
+    return sorted(ORDERS)
+
+
+def _pick(kind: str, table: dict[str, Callable[[Options], Any]], name: str, options: Options) -> Any:
+    if name not in table:
+        raise ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
+    return table[name](options)
+
+
+def make_policy(
+    name: str = "fifo",
+    *,
+    router: str | None = None,
+    admission: str | None = None,
+    order: str | None = None,
+    tick_s: float | None = None,
+    **options: Any,
+) -> Policy:
+    """A preset, with any of its three parts replaced by name; ``options`` go to every part."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown scheduling policy {name!r}; choose one of: {', '.join(policy_names())}")
+    r, a, o, t = PRESETS[name]
+    r, a, o = router or r, admission or a, order or o
+    parts = (
+        _pick("router", ROUTERS, r, options),
+        _pick("admission policy", ADMISSIONS, a, options),
+        _pick("order", ORDERS, o, options),
+    )
+    label = name if (r, a, o) == PRESETS[name][:3] else f"{name}[{r},{a},{o}]"
+    return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t)
