@@ -56,3 +56,17 @@ def test_refuses_to_overwrite_a_non_empty_dir(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not empty"):
         create_model(tmp_path / "x")
     assert (tmp_path / "x" / "f").read_text() == "keep me"
+
+
+def test_max_context_sets_the_models_positions_and_engines_may_not_exceed_them(tmp_path: Path) -> None:
+    from rollyard.core.errors import ConfigError
+    from rollyard.engines.launcher import VLLMServer
+    from rollyard.engines.tiny_model import model_positions
+
+    path = create_model(tmp_path / "short", seed=0, max_context=1024)
+    assert model_positions(path) == 1024
+    assert json.loads((path / "tokenizer_config.json").read_text())["model_max_length"] == 1024
+    with pytest.raises(ConfigError, match="exceeds the model's 1024 positions"):
+        VLLMServer(path, max_model_len=2048).start()  # refused before any process starts
+    with pytest.raises(ConfigError, match="too small"):
+        create_model(tmp_path / "tiny", max_context=64)

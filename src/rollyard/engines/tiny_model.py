@@ -31,11 +31,15 @@ SIZES: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (2048, 256, 4, 4, 2, 704),  # ~3.5M parameters
     "small": (4096, 512, 8, 8, 4, 1408),  # ~26M parameters: KV pressure and real training cost
 }
-MAX_POSITIONS = 4096
+# Positions cost nothing with RoPE (no learned table), so the default leaves room for the prompts
+# of real agent CLIs (Claude Code's is ~31.6k tiny-model tokens); KV memory follows kv_tokens.
+MAX_POSITIONS = 65536
 _CORPUS_BYTES = 3_000_000
 
 
-def model_config_for(size: str, vocab_size: int | None = None):  # -> LlamaConfig
+def model_config_for(
+    size: str, vocab_size: int | None = None, max_context: int = MAX_POSITIONS
+):  # -> LlamaConfig
     """The Llama config of a named size; the one place sizes are defined."""
     from transformers import LlamaConfig
 
@@ -49,7 +53,7 @@ def model_config_for(size: str, vocab_size: int | None = None):  # -> LlamaConfi
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_context,
         tie_word_embeddings=True,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -109,7 +113,9 @@ def _chat_corpus(seed: int, n: int = 3000) -> Iterator[str]:
         yield ct.render_conversation(msgs, tools=tools, add_generation_prompt=False)
 
 
-def build_tokenizer(vocab_size: int, seed: int):  # -> PreTrainedTokenizerFast
+def build_tokenizer(
+    vocab_size: int, seed: int, max_context: int = MAX_POSITIONS
+):  # -> PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -139,12 +145,20 @@ def build_tokenizer(vocab_size: int, seed: int):  # -> PreTrainedTokenizerFast
     )
     fast.add_tokens(ct.ADDED_TOKENS)  # not special: decode keeps them, the parser sees them
     fast.chat_template = ct.CHAT_TEMPLATE
-    fast.model_max_length = MAX_POSITIONS
+    fast.model_max_length = max_context
     return fast
 
 
-def create_model(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", overwrite: bool = False) -> Path:
-    """Write tokenizer + config + random weights to ``out_dir`` atomically; return the path."""
+def create_model(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    size: str = "tiny",
+    overwrite: bool = False,
+    max_context: int = MAX_POSITIONS,
+) -> Path:
+    """Write tokenizer + config + random weights to ``out_dir`` atomically; return the path.
+    ``max_context`` is the model's position limit, which engines serving it may not exceed."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
@@ -153,8 +167,10 @@ def create_model(out_dir: str | Path, *, seed: int = 0, size: str = "tiny", over
         raise ConfigError(f"{out} exists and is not empty (pass overwrite to replace it)")
     if size not in SIZES:
         raise ConfigError(f"unknown model size {size!r}; choose one of {sorted(SIZES)}")
-    tokenizer = build_tokenizer(SIZES[size][0], seed)
-    config = model_config_for(size, vocab_size=len(tokenizer))
+    if max_context < 128:
+        raise ConfigError(f"max_context={max_context} is too small for a chat model (>= 128)")
+    tokenizer = build_tokenizer(SIZES[size][0], seed, max_context)
+    config = model_config_for(size, vocab_size=len(tokenizer), max_context=max_context)
     config.eos_token_id = tokenizer.convert_tokens_to_ids(ct.IM_END)
     config.pad_token_id = tokenizer.convert_tokens_to_ids(ct.PAD)
     config.bos_token_id = None
@@ -199,3 +215,13 @@ def check_model_dir(path: str | Path) -> Path:
     if not list(p.glob("*.safetensors")):
         raise ConfigError(f"model directory {p} has no *.safetensors weights")
     return p
+
+
+def model_positions(path: str | Path) -> int | None:
+    """The model's position limit (``max_position_embeddings``), or None when it does not say."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    n = config.get("max_position_embeddings")
+    return int(n) if isinstance(n, int) and n > 0 else None
