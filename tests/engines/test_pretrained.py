@@ -119,7 +119,11 @@ def test_smollm2_reads_a_tool_output_through_the_gateway_and_vllm_agrees_with_tr
     p = r.json()
     api = openai.OpenAI(base_url=f"{url}/v1", api_key=p["api_key"], max_retries=0)
     question = "You ran grep -r color config/ and got config/app.ini:color=teal. What is the color?"
-    answer = api.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": question}])
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": question},
+    ]
+    answer = api.chat.completions.create(model="smollm2", messages=messages)  # type: ignore[arg-type]
     assert "teal" in (answer.choices[0].message.content or "").lower()
 
     traj = Trajectory.model_validate(
