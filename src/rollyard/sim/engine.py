@@ -82,12 +82,13 @@ class SimEngine:
 
     # ---- the driver's calls ----------------------------------------------------------------
     def add(self, request: EngineRequest, now: float) -> float | None:
-        """Queue a request; returns the end of a newly planned or shortened step (None: unchanged)."""
+        """Queue a request; returns the new end of a decode run it cut short (None: unchanged).
+
+        An idle engine does not start here: the driver calls ``plan`` once every request
+        that arrived at this instant is queued, so they share the first step, as in vLLM."""
         self.waiting.append(request)
         self.prompt_tokens += request.prompt_tokens
-        if self.run is None:
-            return self.plan(now)
-        if self.run.k > 1:
+        if self.run is not None and self.run.k > 1:
             return self._cut(now)
         return None
 

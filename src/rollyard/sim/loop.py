@@ -30,6 +30,7 @@ from rollyard.sim.workload import ProgramPlan, RLMode, Workload
 __all__ = ["SimResult", "Simulation"]
 
 STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED = range(7)
+STALL_S = 86400.0  # simulated time with only polls and ticks after which a run is declared stuck
 
 
 @dataclass
@@ -55,8 +56,15 @@ class SimResult:
 
 class Simulation:
     def __init__(
-        self, workload: Workload, policy: Policy, profile: EngineProfile, *, record: bool = False
+        self,
+        workload: Workload,
+        policy: Policy,
+        profile: EngineProfile,
+        *,
+        record: bool = False,
+        plans: list[ProgramPlan] | None = None,
     ) -> None:
+        """``plans`` replaces the workload's drawn programs (a trace recorded from a live run)."""
         if workload.max_context > profile.max_model_len:
             raise ConfigError(
                 f"workload max_context {workload.max_context} exceeds the profile's max_model_len "
@@ -78,12 +86,13 @@ class Simulation:
         self._programs: dict[str, _Program] = {}
         self._running: dict[str, tuple[str, str]] = {}  # request id -> (program, engine)
         groups: dict[str, list[ProgramPlan]] = {}
-        for plan in workload.plans():
+        plans = plans if plans is not None else workload.plans()
+        for plan in plans:
             groups.setdefault(plan.group_id, []).append(plan)
         self._pending: deque[list[ProgramPlan]] = deque(groups.values())
         self._live = 0  # programs started and not finished
         self._done = 0
-        self._total = workload.programs
+        self._total = len(plans)
         self.buffer = WindowedFifo(workload.rl.buffer, self.clock)
         self._version = 0
         self._training = False
@@ -103,11 +112,15 @@ class Simulation:
         self._at(0.0, POLL)
         for f in self.workload.failures:
             self._at(f.at_s, FAIL, f"e{f.engine}", f.down_s)
-        events = 0
+        events, progress = 0, 0.0
         while self._heap and self._done < self._total:
             t, _, kind, a, b = heapq.heappop(self._heap)
             self.clock.advance(t - self.clock.now())
             events += 1
+            if kind not in (POLL, TICK):
+                progress = t
+            elif t - progress > STALL_S:
+                break  # only the periodic events are left: nothing will ever finish
             if kind == STEP:
                 self._on_step(a, b)
             elif kind == SUBMIT:
@@ -177,6 +190,7 @@ class Simulation:
     def _pump(self) -> None:
         """Carry out ``dispatch`` as the gateway's ``EnginePool._pump`` does."""
         now = self.clock.now()
+        kicked: list[SimEngine] = []
         for d in self.sched.dispatch():
             if self.record:
                 self.decisions.append((now, d))
@@ -195,6 +209,13 @@ class Simulation:
             end = engine.add(req, now)
             if end is not None:
                 self._at(end, STEP, d.engine, engine.version)
+            elif engine.run is None:
+                kicked.append(engine)
+        for engine in kicked:
+            if engine.run is None:
+                end = engine.plan(now)
+                if end is not None:
+                    self._at(end, STEP, engine.name, engine.version)
 
     def _on_step(self, name: str, version: int) -> None:
         engine = self.engines[name]
@@ -258,10 +279,11 @@ class Simulation:
             self._batch_units.add(item.group_id or item.item_id)
             self.stats.staleness.append(item.staleness)
         self.stats.dropped += len(got.dropped)
+        if not self._batch_units:
+            return
         step_over = rl.mode is RLMode.SYNC and not self._step_groups
         full = len(self._batch_units) >= rl.batch_groups
-        last = self._done >= self._total and bool(self._batch_units)
-        if full or step_over or last:
+        if full or step_over or self._done >= self._total:
             now = self.clock.now()
             self.stats.trainer_idle_s += now - self._idle_since
             self._training = True

@@ -108,7 +108,7 @@ class Workload(_Model):
     @model_validator(mode="after")
     def _groups(self) -> Workload:
         if self.programs % self.group_size:
-            raise ValueError(f"programs ({self.programs}) is no multiple of group_size ({self.group_size})")
+            raise ValueError(f"programs ({self.programs}) not a multiple of group_size ({self.group_size})")
         if self.concurrency and self.concurrency < self.group_size:
             raise ValueError("concurrency must hold at least one whole group")
         for f in self.failures:
