@@ -1,0 +1,132 @@
+"""rollyard's program scheduling: ThunderAgent's pause/restore without its starvation, plus
+cost-aware routing.
+
+- ``AgingAdmission``: restore order ages with waiting time (a program's effective size is its
+  context divided by ``1 + held / age_s``); a program held past ``reserve_after_s`` goes to
+  the front, oldest first, and while it does not fit nobody behind it takes the room it
+  needs; no request is held longer than ``max_hold_s`` (default 30 s). A restored program
+  returns to the engine that has its prefix cached when it fits there. Recently restored
+  programs are paused last.
+- ``CostAware``: a sticky program leaves its engine only when the expected queue delay there
+  exceeds the re-prefill of its whole context on the other engine (at that engine's measured
+  prefill tokens/s) plus the other engine's own delay (Forge's cache-transfer trade-off).
+- ``RollyardOrder``: FIFO; optionally a vLLM priority (``--scheduling-policy priority``) so that
+  long and restored programs are preempted last.
+"""
+
+from __future__ import annotations
+
+from rollyard.core.program import ProgramPhase
+from rollyard.sched.decisions import Move
+from rollyard.sched.fifo import FifoOrder
+from rollyard.sched.kv import KvBudget
+from rollyard.sched.thunder import FewestTokens, ThunderAdmission, held_s
+from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
+
+__all__ = ["AgingAdmission", "CostAware", "RollyardOrder", "queue_delay_s"]
+
+
+class AgingAdmission(ThunderAdmission):
+    def __init__(
+        self,
+        budget: KvBudget | None = None,
+        max_hold_s: float = 30.0,
+        age_s: float = 2.0,
+        reserve_after_s: float | None = None,
+        min_run_s: float = 5.0,
+        acting_decay: bool = False,
+    ) -> None:
+        super().__init__(budget, max_hold_s, acting_decay)
+        self.age_s = age_s
+        self.reserve_after_s = max_hold_s / 3 if reserve_after_s is None else reserve_after_s
+        self.min_run_s = min_run_s
+
+    def restore_order(self, candidates: list[ProgramView], now: float) -> list[ProgramView]:
+        def key(p: ProgramView) -> tuple[int, float, float, str]:
+            held = held_s(p, now)
+            if held >= self.reserve_after_s:
+                return (0, -held, 0.0, p.id)  # overdue: oldest first, and it blocks the rest
+            waiting = p.waiting_since is not None  # a request is held: it matters now
+            return (1, 0.0 if waiting else 1.0, p.context_tokens / (1.0 + held / self.age_s), p.id)
+
+        return sorted(candidates, key=key)
+
+    def stop_after_miss(self, p: ProgramView, now: float) -> bool:
+        return held_s(p, now) >= self.reserve_after_s
+
+    def pause_order(self, victims: list[ProgramView], now: float) -> list[ProgramView]:
+        def key(p: ProgramView) -> tuple[bool, bool, int, str]:
+            fresh = p.restored_at is not None and now - p.restored_at < self.min_run_s
+            return (fresh, p.phase is not ProgramPhase.ACTING, p.context_tokens, p.id)
+
+        return sorted(victims, key=key)
+
+    def choose_engine(
+        self, p: ProgramView, rooms: dict[str, float], engines: dict[str, EngineView]
+    ) -> str | None:
+        need = self.budget.claim(p, 0.0)
+        if p.engine in rooms and rooms[p.engine] >= need:
+            return p.engine  # its prefix is cached there
+        chosen = super().choose_engine(p, rooms, engines)
+        if chosen is None and all(need > e.kv_capacity_tokens > 0 for e in engines.values()):
+            return max(rooms, key=lambda n: (rooms[n], n))  # fits nowhere ever: do not hold it for nothing
+        return chosen
+
+
+def queue_delay_s(e: EngineView, state: SchedState) -> float:
+    """Expected wait for a new request on ``e``: requests ahead of it (in the engine's queue,
+    and in the gateway beyond its free slots) times the engine's per-request drain time."""
+    if e.service_s <= 0:
+        return 0.0  # not measured yet: no basis for a move
+    queued = sum(
+        1
+        for r in state.queue
+        if (p := state.programs.get(r.program_id)) and p.engine == e.name and not p.paused
+    )
+    ahead = e.waiting + max(0, queued - max(0, e.free))
+    if ahead <= 0:
+        return 0.0
+    return ahead * e.service_s / max(1, e.in_flight)
+
+
+class CostAware(FewestTokens):
+    def __init__(self, budget: KvBudget | None = None, margin: float = 1.0) -> None:
+        super().__init__(budget, paused_block=False)  # idle paused programs do not hold newcomers back
+        self.margin = margin
+
+    def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:
+        src = state.engines.get(program.engine or "")
+        if src is None:
+            return None
+        stay = queue_delay_s(src, state)
+        if stay <= 0:
+            return None
+        need = self.budget.claim(program, now)
+        best: tuple[float, str] | None = None
+        for e in state.healthy_engines():
+            if e.name == src.name or e.prefill_tok_s <= 0 or e.free <= 0:
+                continue
+            if self.budget.room(state, e, now) < need:
+                continue
+            cost = program.context_tokens / e.prefill_tok_s + queue_delay_s(e, state)
+            if best is None or cost < best[0]:
+                best = (cost, e.name)
+        if best is None or stay <= best[0] * self.margin:
+            return None
+        return Move(program.id, src.name, best[1], f"queue {stay:.2f}s > re-prefill {best[0]:.2f}s")
+
+
+class RollyardOrder(FifoOrder):
+    """FIFO; with ``vllm_priority`` a per-request priority (lower is scheduled first and
+    preempted last): restored programs and long contexts, which cost most to recompute."""
+
+    def __init__(self, vllm_priority: bool = False) -> None:
+        self.vllm_priority = vllm_priority
+
+    def priority(self, request: Request, state: SchedState, now: float) -> int | None:
+        if not self.vllm_priority:
+            return None
+        p = state.programs.get(request.program_id)
+        if p is None:
+            return None
+        return -min(9, p.context_tokens // 1024) - (10 if p.pauses else 0)
