@@ -39,6 +39,7 @@ class EnginePool:
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
         self._hooks: list[Callable[[Pause | Restore], None]] = []
+        self.counts: Counter[str] = Counter()  # pauses, restores, moves: for the run's step rows
         for name in self.backends:
             scheduler.add_engine(name, capacity)
             metrics.engine_up.labels(name).set(1)
@@ -96,6 +97,7 @@ class EnginePool:
                 continue
             if d.moved_from is not None:
                 self.metrics.moves.labels("cost" if d.program_id in moved else "replaced").inc()
+                self.counts["moves"] += 1
             fut = self._waiters.pop(d.request_id, None)
             if fut is None or fut.done():
                 self.scheduler.complete(d.request_id)
@@ -161,6 +163,7 @@ class EnginePool:
         """Run the admission policy once and start whatever its restores let run."""
         decisions = self.scheduler.tick()
         for d in decisions:
+            self.counts["pauses" if isinstance(d, Pause) else "restores"] += 1
             if isinstance(d, Pause):
                 self.metrics.pauses.inc()
                 log.info("program paused id=%s engine=%s reason=%s", d.program_id, d.engine, d.reason)

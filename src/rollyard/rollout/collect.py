@@ -54,7 +54,8 @@ class LocalRunner:
         spec = sandbox_spec(task, self.svc.provider)
         if isinstance(agent, BlackBoxRunner):  # the gateway's socket, the forwarder, Python
             spec = agent.spec(spec)
-        self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb), ahead=0)
+        # prepares ``sandbox.ahead`` sandboxes of this task while its programs wait for a slot
+        self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb))
         self._registered.add(task.id)
 
     async def run(
@@ -72,8 +73,10 @@ class LocalRunner:
                 agent=agent,
                 timeout_s=self.timeout_s,
             )
-        finally:
+        except BaseException:  # no program.finish follows: free it here
             await self.svc.pool.release(program.id)
+            raise
+        # on success the gateway's terminate hook frees the sandbox when the program is finished
 
 
 async def run_program(
