@@ -48,15 +48,30 @@ def test_no_request_is_held_longer_than_the_bound() -> None:
 
 def test_an_overdue_program_blocks_newer_small_ones_until_it_fits() -> None:
     s, clock = rollyard(("e", 1000), reserve_after_s=10)
-    turn(s, "r0", "resident", 500)
+    s.submit("r0", "resident", 500)
+    s.dispatch()  # its request is running: it cannot be paused to make room
     s.submit("r1", "long", 600)
     clock.advance(10)
     s.submit("r2", "small", 100)  # would fit, but the long program is overdue
     clock.advance(1)
     assert s.tick() == []
+    s.complete("r0", 10)
     s.forget("resident")
     clock.advance(1)
     assert [d.program_id for d in s.tick()] == ["long", "small"]
+
+
+def test_acting_programs_are_paused_to_make_room_for_an_overdue_one() -> None:
+    s, clock = rollyard(("e", 1000), reserve_after_s=10)
+    turn(s, "r0", "actor_big", 300)  # both act (their tools run): nothing of theirs is in flight
+    turn(s, "r1", "actor_small", 200)
+    s.submit("r2", "long", 600)
+    clock.advance(5)
+    assert s.tick() == []  # not overdue yet: thunder's order, it does not fit
+    clock.advance(5)
+    out = s.tick()
+    assert out == [Pause("actor_small", "e", "make_room"), Restore("long", "e", 10.0)]
+    assert s.dispatch()[0].request_id == "r2"
 
 
 def test_a_restored_program_returns_to_the_engine_that_caches_its_prefix() -> None:

@@ -4,7 +4,8 @@ cost-aware routing.
 - ``AgingAdmission``: restore order ages with waiting time (a program's effective size is its
   context divided by ``1 + held / age_s``); a program held past ``reserve_after_s`` goes to
   the front, oldest first, and while it does not fit nobody behind it takes the room it
-  needs; no request is held longer than ``max_hold_s`` (default 30 s). A restored program
+  needs, and acting programs on an engine are paused to make it room; no request is held
+  longer than ``max_hold_s`` (default 30 s). A restored program
   returns to the engine that has its prefix cached when it fits there. Recently restored
   programs are paused last.
 - ``CostAware``: a sticky program leaves its engine only when the expected queue delay there
@@ -16,8 +17,8 @@ cost-aware routing.
 
 from __future__ import annotations
 
-from rollyard.core.program import ProgramPhase
-from rollyard.sched.decisions import Move
+from rollyard.core.program import ProgramPhase, ProgramState
+from rollyard.sched.decisions import Move, Pause
 from rollyard.sched.fifo import FifoOrder
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission, held_s
@@ -53,6 +54,36 @@ class AgingAdmission(ThunderAdmission):
 
     def stop_after_miss(self, p: ProgramView, now: float) -> bool:
         return held_s(p, now) >= self.reserve_after_s
+
+    def make_room(
+        self, p: ProgramView, state: SchedState, rooms: dict[str, float], taken: set[str], now: float
+    ) -> tuple[str, list[Pause]] | None:
+        """An overdue program that does not fit: pause acting programs (their tools are running,
+        nothing of theirs is in flight) on the engine where that frees room soonest."""
+        if held_s(p, now) < self.reserve_after_s:
+            return None
+        need = self.budget.claim(p, now)
+        running = {r.program_id for r, _ in state.running.values()}
+        best: tuple[int, str, list[Pause]] | None = None
+        for name, room in rooms.items():
+            idle = [
+                q
+                for q in state.programs.values()
+                if q.engine == name
+                and q.state is ProgramState.ACTIVE
+                and q.phase is ProgramPhase.ACTING
+                and q.id not in running
+                and q.id not in taken
+            ]
+            pauses: list[Pause] = []
+            for q in self.pause_order(idle, now):
+                if room >= need:
+                    break
+                room += self.budget.claim(q, now, self.acting_decay)
+                pauses.append(Pause(q.id, name, "make_room"))
+            if room >= need and (best is None or len(pauses) < best[0]):
+                best = (len(pauses), name, pauses)
+        return None if best is None else (best[1], best[2])
 
     def pause_order(self, victims: list[ProgramView], now: float) -> list[ProgramView]:
         def key(p: ProgramView) -> tuple[bool, bool, int, str]:

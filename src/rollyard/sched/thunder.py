@@ -65,6 +65,12 @@ class ThunderAdmission:
         """Whether a candidate that does not fit blocks the ones behind it (no: skip it)."""
         return False
 
+    def make_room(
+        self, p: ProgramView, state: SchedState, rooms: dict[str, float], taken: set[str], now: float
+    ) -> tuple[str, list[Pause]] | None:
+        """Pauses that would let a candidate that does not fit run now (ThunderAgent: none)."""
+        return None
+
     # the tick --------------------------------------------------------------
     def tick(self, state: SchedState, now: float) -> list[Pause | Restore]:
         out: list[Pause | Restore] = []
@@ -88,6 +94,14 @@ class ThunderAdmission:
         for p in self.restore_order([p for p in candidates if p.id not in restored], now):
             name = self.choose_engine(p, rooms, healthy)
             if name is None:
+                taken = set(restored) | {d.program_id for d in out}
+                room = self.make_room(p, state, rooms, taken, now)
+                if room is not None:
+                    name, pauses = room
+                    for v in pauses:
+                        rooms[name] += self.budget.claim(state.programs[v.program_id], now, self.acting_decay)
+                    out.extend(pauses)
+                    self._take(p, name, rooms, now, restored, out)
                 if self.stop_after_miss(p, now):
                     break
                 continue
@@ -116,6 +130,7 @@ class ThunderAdmission:
         restored: dict[str, str],
         out: list[Pause | Restore],
     ) -> None:
+        paused = {d.program_id for d in out if isinstance(d, Pause)}
         for name, e in healthy.items():
             if not e.kv_capacity_tokens:
                 continue
@@ -123,6 +138,7 @@ class ThunderAdmission:
                 p
                 for p in state.programs.values()
                 if (p.state is ProgramState.ACTIVE or p.id in restored)
+                and p.id not in paused
                 and restored.get(p.id, p.engine) == name
             ]
             over = sum(self.budget.claim(p, now) for p in mine) - e.kv_capacity_tokens
