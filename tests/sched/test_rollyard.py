@@ -147,15 +147,3 @@ def test_the_scheduler_measures_per_engine_service_time() -> None:
     clock.advance(3.0)
     s.complete("r0", 5)
     assert s.state.engines["e"].service_s == 3.0
-
-
-def test_vllm_priorities_favour_restored_and_long_programs_only_when_asked() -> None:
-    s, _ = rollyard(("e", 100_000))
-    s.submit("r0", "p", 5000)
-    assert s.dispatch()[0].priority is None
-    s.complete("r0")
-    s2, _ = rollyard(("e", 100_000), vllm_priority=True)
-    s2.submit("r0", "short", 100)
-    s2.submit("r1", "long", 5000)
-    prio = {d.program_id: d.priority for d in s2.dispatch()}
-    assert prio["long"] < prio["short"] == 0

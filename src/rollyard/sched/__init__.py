@@ -9,7 +9,7 @@ from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
 from rollyard.sched.registry import make_policy, policy_names
-from rollyard.sched.rollyard import AgingAdmission, CostAware, RollyardOrder
+from rollyard.sched.rollyard import AgingAdmission, CostAware
 from rollyard.sched.scheduler import Scheduler
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
@@ -32,7 +32,6 @@ __all__ = [
     "ProgramView",
     "Request",
     "Restore",
-    "RollyardOrder",
     "Router",
     "SchedState",
     "Scheduler",

@@ -15,7 +15,7 @@ from rollyard.core.errors import ConfigError
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
-from rollyard.sched.rollyard import AgingAdmission, CostAware, RollyardOrder
+from rollyard.sched.rollyard import AgingAdmission, CostAware
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
 
 __all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
@@ -57,13 +57,12 @@ ADMISSIONS: dict[str, Callable[[Options], Admission]] = {
 }
 ORDERS: dict[str, Callable[[Options], Order]] = {
     "fifo": lambda o: FifoOrder(),
-    "rollyard": lambda o: RollyardOrder(bool(o.get("vllm_priority", False))),
 }
 # preset name -> (router, admission, order, default tick seconds)
 PRESETS: dict[str, tuple[str, str, str, float | None]] = {
     "fifo": ("least_loaded", "admit_all", "fifo", None),
     "thunder": ("fewest_tokens", "thunder", "fifo", 5.0),
-    "rollyard": ("cost_aware", "aging", "rollyard", 1.0),
+    "rollyard": ("cost_aware", "aging", "fifo", 1.0),
 }
 KNOWN_OPTIONS = {
     "buffer_tokens",
@@ -73,7 +72,6 @@ KNOWN_OPTIONS = {
     "reserve_after_s",
     "min_run_s",
     "move_margin",
-    "vllm_priority",
 }
 
 

@@ -11,20 +11,20 @@ cost-aware routing.
 - ``CostAware``: a sticky program leaves its engine only when the expected queue delay there
   exceeds the re-prefill of its whole context on the other engine (at that engine's measured
   prefill tokens/s) plus the other engine's own delay (Forge's cache-transfer trade-off).
-- ``RollyardOrder``: FIFO; optionally a vLLM priority (``--scheduling-policy priority``) so that
-  long and restored programs are preempted last.
+
+Requests are ordered FIFO. vLLM's per-request ``priority`` is not used yet: it needs the engine
+started with ``--scheduling-policy priority`` and a measurement that it helps.
 """
 
 from __future__ import annotations
 
 from rollyard.core.program import ProgramPhase, ProgramState
 from rollyard.sched.decisions import Move, Pause
-from rollyard.sched.fifo import FifoOrder
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission, held_s
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
-__all__ = ["AgingAdmission", "CostAware", "RollyardOrder", "queue_delay_s"]
+__all__ = ["AgingAdmission", "CostAware", "queue_delay_s"]
 
 
 class AgingAdmission(ThunderAdmission):
@@ -145,19 +145,3 @@ class CostAware(FewestTokens):
         if best is None or stay <= best[0] * self.margin:
             return None
         return Move(program.id, src.name, best[1], f"queue {stay:.2f}s > re-prefill {best[0]:.2f}s")
-
-
-class RollyardOrder(FifoOrder):
-    """FIFO; with ``vllm_priority`` a per-request priority (lower is scheduled first and
-    preempted last): restored programs and long contexts, which cost most to recompute."""
-
-    def __init__(self, vllm_priority: bool = False) -> None:
-        self.vllm_priority = vllm_priority
-
-    def priority(self, request: Request, state: SchedState, now: float) -> int | None:
-        if not self.vllm_priority:
-            return None
-        p = state.programs.get(request.program_id)
-        if p is None:
-            return None
-        return -min(9, p.context_tokens // 1024) - (10 if p.pauses else 0)
