@@ -48,7 +48,8 @@ class LocalRunner:
         self.timeout_s = timeout_s
         self._registered: set[str] = set()
 
-    def _register(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
+    def prepare(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
+        """Register the task with the sandbox pool once; it starts preparing ``sandbox.ahead``."""
         if task.id in self._registered:
             return
         spec = sandbox_spec(task, self.svc.provider)
@@ -61,7 +62,7 @@ class LocalRunner:
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
-        self._register(task, agent)
+        self.prepare(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
             return await act_and_evaluate(
@@ -91,6 +92,8 @@ async def run_program(
     gw = svc.gateway.gateway
     cfg = svc.cfg
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
+    if isinstance(runner, LocalRunner):  # sandboxes of this task get prepared while it waits for a slot
+        runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):
         async with svc.slots:
             program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))

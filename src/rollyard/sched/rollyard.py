@@ -109,6 +109,8 @@ def queue_delay_s(e: EngineView, state: SchedState) -> float:
     and in the gateway beyond its free slots) times the engine's per-request drain time."""
     if e.service_s <= 0:
         return 0.0  # not measured yet: no basis for a move
+    if e.waiting == 0 and e.free > 0:
+        return 0.0  # it starts now (and the gateway queue is not scanned on every request)
     queued = sum(
         1
         for r in state.queue
