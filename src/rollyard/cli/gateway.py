@@ -22,7 +22,7 @@ def gateway(
     capacity: int = typer.Option(256, help="concurrent requests sent to each engine"),
     uds: Path | None = typer.Option(None, help="also serve on this unix socket (what sandboxes reach)"),
     tcp: bool = typer.Option(True, help="serve on --host/--port (--no-tcp: the unix socket only)"),
-    policy: str = typer.Option("fifo", help="scheduling policy (rollyard.sched presets, e.g. fifo)"),
+    policy: str = typer.Option("fifo", help="scheduling policy: fifo, thunder, rollyard"),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve

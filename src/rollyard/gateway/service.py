@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock
-from rollyard.core.errors import EngineUnavailable, InvalidRequest
-from rollyard.core.program import Program, ProgramPhase
+from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
+from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
 from rollyard.engines.base import Completion
@@ -29,7 +29,7 @@ from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
 from rollyard.gateway.streaming import TextStreamer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
-from rollyard.sched import Start
+from rollyard.sched import Pause, Restore, Start
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,16 @@ class Gateway:
             lambda p: pool.scheduler.register(p.id, p.group_id, context_tokens=p.context_tokens)
         )
         programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
+        pool.on_decision(self._mirror_decision)
+
+    def _mirror_decision(self, d: Pause | Restore) -> None:
+        """Show the scheduler's pauses in the program table (``GET /programs``, /metrics)."""
+        try:
+            p = self.programs.get(d.program_id)
+        except NotFound:
+            return
+        if not p.state.is_over:
+            p.state = ProgramState.PAUSED if isinstance(d, Pause) else ProgramState.ACTIVE
 
     # public ---------------------------------------------------------------
     def check_model(self, request: ChatRequest) -> None:

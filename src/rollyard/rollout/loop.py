@@ -186,6 +186,9 @@ class TrainingLoop:
             "groups": [g.group_id for g in groups],
             "dropped_total": len(self.s.ledger.dropped),
             "engine_restarts": self.svc.fleet.restarts,
+            **{f"sched_{k}": v for k, v in self.svc.gateway.gateway.pool.counts.items()},
+            "sandbox_hook_releases": self.svc.pool.stats.hook_releases,
+            "sandbox_ahead_hits": self.svc.pool.stats.ahead_hits,
             "time": time.time(),
         }
         last_step = self.s.step == self.cfg.run.steps
