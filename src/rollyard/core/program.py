@@ -43,6 +43,7 @@ class Program(BaseModel):
     id: str = Field(default_factory=lambda: new_id("prog"))
     api_key: str = Field(default_factory=new_key, repr=False)
     group_id: str = "default"
+    group_size: int = Field(default=1, ge=1)  # programs in its GRPO group (the scheduler's unit)
     task_id: str = "default"
     sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     context_limit: int | None = Field(default=None, ge=1)

@@ -61,7 +61,7 @@ class Gateway:
         self.conversations: dict[str, ConversationState] = journal.load_conversations()
         self._locks: dict[str, asyncio.Lock] = {}
         programs.on_create(
-            lambda p: pool.scheduler.register(p.id, p.group_id, context_tokens=p.context_tokens)
+            lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
         programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
 

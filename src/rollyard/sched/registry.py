@@ -14,16 +14,30 @@ from typing import Any
 from rollyard.core.errors import ConfigError
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.policy import Admission, Order, Policy, Router
+from rollyard.sched.seer import GroupBound, SeerOrder, SeerRouter
 
 __all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
 
 Options = dict[str, Any]
 
-ROUTERS: dict[str, Callable[[Options], Router]] = {"least_loaded": lambda o: LeastLoaded()}
+ROUTERS: dict[str, Callable[[Options], Router]] = {
+    "least_loaded": lambda o: LeastLoaded(),
+    "seer": lambda o: SeerRouter(
+        max_move_s=float(o.get("max_move_s", 2.0)), prefill_tok_s=float(o.get("prefill_tok_s", 2000.0))
+    ),
+    "group_bound": lambda o: GroupBound(),
+}
 ADMISSIONS: dict[str, Callable[[Options], Admission]] = {"admit_all": lambda o: AdmitAll()}
-ORDERS: dict[str, Callable[[Options], Order]] = {"fifo": lambda o: FifoOrder()}
+ORDERS: dict[str, Callable[[Options], Order]] = {
+    "fifo": lambda o: FifoOrder(),
+    "seer": lambda o: SeerOrder(starve_s=float(o.get("starve_s", 30.0))),
+}
 # preset name -> (router, admission, order, default tick seconds)
-PRESETS: dict[str, tuple[str, str, str, float | None]] = {"fifo": ("least_loaded", "admit_all", "fifo", None)}
+PRESETS: dict[str, tuple[str, str, str, float | None]] = {
+    "fifo": ("least_loaded", "admit_all", "fifo", None),
+    "seer": ("seer", "admit_all", "seer", None),
+    "group_bound": ("group_bound", "admit_all", "fifo", None),
+}
 
 
 def policy_names() -> list[str]:
@@ -45,7 +59,10 @@ def order_names() -> list[str]:
 def _pick(kind: str, table: dict[str, Callable[[Options], Any]], name: str, options: Options) -> Any:
     if name not in table:
         raise ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
-    return table[name](options)
+    try:
+        return table[name](options)
+    except (TypeError, ValueError) as e:  # a bad option value, named with its part
+        raise ConfigError(f"{kind} {name!r}: {e}") from None
 
 
 def make_policy(
