@@ -91,7 +91,9 @@ async def run_program(
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
     for attempt in range(retries + 1):
         async with svc.slots:
-            program = gw.programs.create(Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling))
+            program = gw.programs.create(
+                Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
+            )
             res = await runner.run(task, program, svc.gateway.url + "/v1", svc.agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
