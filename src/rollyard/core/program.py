@@ -35,6 +35,7 @@ class SamplingPolicy(BaseModel):
     temperature: float | None = Field(default=1.0, ge=0.0)
     top_p: float | None = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks that need set lengths)
 
 
 class Program(BaseModel):

@@ -165,6 +165,8 @@ class Gateway:
             else:
                 yield item
         assert gen is not None
+        if gen.dispatch.priority is not None:  # the policy ranked it (seer: 0 = probe or starved)
+            gen.notes["priority"] = gen.dispatch.priority
         result = await self._record(program, request, plan, params, gen, submitted)
         now = self.clock.now()
         result.engine_s, result.gateway_s = gen.engine_s, now - entered - gen.engine_s

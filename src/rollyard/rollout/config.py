@@ -169,6 +169,9 @@ class EvalConfig(_Section):
 
 
 class RunConfig(_Section):
+    # async: rollouts never wait for training (buffer staleness bound); sync: each step's groups
+    # are rolled out together, then trained, then weights published (rollout/sync.py)
+    mode: Literal["async", "sync"] = "async"
     steps: int = Field(default=20, ge=1)
     groups_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=4, ge=2)
