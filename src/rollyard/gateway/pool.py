@@ -61,14 +61,17 @@ class EnginePool:
             except Exception as e:  # reported as down; the poller brings it back
                 self.mark_down(name, type(e).__name__)
 
-    async def acquire(self, program_id: str, prompt_tokens: int, max_tokens: int | None = None) -> Start:
-        """Wait until the scheduler starts this request; raises when no engine is healthy."""
+    async def acquire(
+        self, program_id: str, prompt_tokens: int, max_tokens: int | None = None, chunk: int = 0
+    ) -> Start:
+        """Wait until the scheduler starts this request (``chunk``: its index under divided
+        rollout); raises when no engine is healthy."""
         if not self.scheduler.healthy_engines():
             raise EngineUnavailable("no healthy engine; retry shortly", retry_after_s=2.0)
         rid = f"req_{next(self._ids)}"
         fut: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
-        self.scheduler.submit(rid, program_id, prompt_tokens, max_tokens)
+        self.scheduler.submit(rid, program_id, prompt_tokens, max_tokens, chunk)
         self._pump()
         try:
             d = await fut
@@ -80,8 +83,9 @@ class EnginePool:
         self.metrics.queue_wait.observe(d.waited_s)
         return d
 
-    def release(self, start: Start, output_tokens: int | None = None) -> None:
-        self.scheduler.complete(start.request_id, output_tokens)
+    def release(self, start: Start, output_tokens: int | None = None, *, final: bool = True) -> None:
+        """The request ended (``final=False``: one chunk of a divided request ended; more follow)."""
+        self.scheduler.complete(start.request_id, output_tokens, final=final)
         self._pump()
 
     def on_decision(self, hook: Callable[[Pause | Restore], None]) -> None:

@@ -87,6 +87,7 @@ async def run_program(
     group_id: str,
     temperature: float,
     retries: int = 3,
+    group_size: int = 1,
 ) -> Trajectory:
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.gateway
@@ -96,7 +97,9 @@ async def run_program(
         runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):
         async with svc.slots:
-            program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
+            program = gw.programs.create(
+                Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
+            )
             res = await runner.run(task, program, svc.gateway.url + "/v1", svc.agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
@@ -162,6 +165,6 @@ async def run_group(
 ) -> GroupRecord:
     """G programs of one task, concurrently, scored as one group."""
     trajs = await asyncio.gather(
-        *(run_program(svc, runner, task, group_id, temperature) for _ in range(size))
+        *(run_program(svc, runner, task, group_id, temperature, group_size=size) for _ in range(size))
     )
     return score(group_id, number, task, list(trajs), svc.cfg)

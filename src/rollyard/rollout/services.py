@@ -209,6 +209,7 @@ async def start_gateway(
         MODEL_NAME,
         capacity=cfg.gateway.capacity,
         policy=cfg.gateway.scheduling.build(),
+        divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(

@@ -16,6 +16,7 @@ from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
 from rollyard.sched.rollyard import AgingAdmission, CostAware
+from rollyard.sched.seer import GroupBound, SeerOrder, SeerRouter
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
 
 __all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
@@ -49,6 +50,10 @@ ROUTERS: dict[str, Callable[[Options], Router]] = {
     "least_loaded": lambda o: LeastLoaded(),
     "fewest_tokens": lambda o: FewestTokens(_budget(o)),
     "cost_aware": lambda o: CostAware(_budget(o), float(o.get("move_margin", 1.0))),
+    "seer": lambda o: SeerRouter(
+        max_move_s=float(o.get("max_move_s", 2.0)), prefill_tok_s=float(o.get("prefill_tok_s", 2000.0))
+    ),
+    "group_bound": lambda o: GroupBound(),
 }
 ADMISSIONS: dict[str, Callable[[Options], Admission]] = {
     "admit_all": lambda o: AdmitAll(),
@@ -57,12 +62,15 @@ ADMISSIONS: dict[str, Callable[[Options], Admission]] = {
 }
 ORDERS: dict[str, Callable[[Options], Order]] = {
     "fifo": lambda o: FifoOrder(),
+    "seer": lambda o: SeerOrder(starve_s=float(o.get("starve_s", 30.0))),
 }
 # preset name -> (router, admission, order, default tick seconds)
 PRESETS: dict[str, tuple[str, str, str, float | None]] = {
     "fifo": ("least_loaded", "admit_all", "fifo", None),
     "thunder": ("fewest_tokens", "thunder", "fifo", 5.0),
     "rollyard": ("cost_aware", "aging", "fifo", 1.0),
+    "seer": ("seer", "admit_all", "seer", None),
+    "group_bound": ("group_bound", "admit_all", "fifo", None),
 }
 KNOWN_OPTIONS = {
     "buffer_tokens",
@@ -72,6 +80,9 @@ KNOWN_OPTIONS = {
     "reserve_after_s",
     "min_run_s",
     "move_margin",
+    "max_move_s",
+    "prefill_tok_s",
+    "starve_s",
 }
 
 
@@ -94,7 +105,10 @@ def order_names() -> list[str]:
 def _pick(kind: str, table: dict[str, Callable[[Options], Any]], name: str, options: Options) -> Any:
     if name not in table:
         raise ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
-    return table[name](options)
+    try:
+        return table[name](options)
+    except (TypeError, ValueError) as e:  # a bad option value, named with its part
+        raise ConfigError(f"{kind} {name!r}: {e}") from None
 
 
 def make_policy(

@@ -20,6 +20,8 @@ from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["Scheduler"]
 
+_GROUPS_KEPT = 4096  # group length estimates remembered (a run's groups in flight are far fewer)
+
 
 class Scheduler:
     def __init__(self, clock: Clock, policy: Policy | None = None) -> None:
@@ -151,6 +153,11 @@ class Scheduler:
             program.turns += 1
             if output_tokens is not None:
                 program.output_lengths.append(output_tokens)
+                if program.group_id is not None:
+                    best = self.state.group_longest.get(program.group_id, 0)
+                    self.state.group_longest[program.group_id] = max(best, output_tokens)
+                    if len(self.state.group_longest) > _GROUPS_KEPT:  # oldest group first
+                        del self.state.group_longest[next(iter(self.state.group_longest))]
         self._closed(request.program_id, keep_reasoning=not final)
 
     def dispatch(self) -> list[Start | Move]:

@@ -85,6 +85,8 @@ class SchedState:
     programs: dict[str, ProgramView] = field(default_factory=dict)
     queue: deque[Request] = field(default_factory=deque)
     running: dict[str, tuple[Request, str]] = field(default_factory=dict)  # request id -> (request, engine)
+    # group id -> the longest output any of its finished requests produced (kept after a program ends)
+    group_longest: dict[str, int] = field(default_factory=dict)
 
     def programs_on(self, engine: str) -> list[ProgramView]:
         return [p for p in self.programs.values() if p.engine == engine and not p.state.is_over]
