@@ -111,3 +111,30 @@ def test_bad_input_is_a_clear_error(tmp_path: Path) -> None:
         load_profile("nope")
     with pytest.raises(ConfigError, match="max_context"):
         Simulation(workload(max_context=4096), make_policy("fifo"), PROFILE)
+
+
+def test_thunder_pauses_and_restores_in_the_simulator_as_its_unit_test_says() -> None:
+    # tests/sched/test_thunder.py: over capacity, acting programs are paused smallest-first
+    # until the rest fit; a paused program's next request is held; it is restored once room frees.
+    from rollyard.sched import Pause, Restore
+    from rollyard.sim.workload import ProgramPlan, Turn
+
+    prof = PROFILE.model_copy(update={"num_blocks": 64, "max_model_len": 1024})  # 1024 KV tokens
+    plans = [  # all three fit when placed (900 tokens); "big" grows to 620 with a tool result
+        ProgramPlan("small", "small", 1, [Turn(200, 10, 20.0, 0), Turn(210, 10, 0.0, 0)]),
+        ProgramPlan("mid", "mid", 1, [Turn(300, 10, 20.0, 0), Turn(310, 10, 0.0, 0)]),
+        ProgramPlan(
+            "big", "big", 1, [Turn(400, 10, 2.0, 200), Turn(610, 10, 20.0, 0), Turn(620, 10, 0.0, 0)]
+        ),
+    ]
+    w = workload(programs=3, group_size=1, engines=1, max_context=1024)
+    r = Simulation(w, make_policy("thunder", buffer_tokens=0), prof, plans=plans, record=True).run()
+    ticks = [(t, d) for t, d in r.decisions if isinstance(d, Pause | Restore)]
+    # first tick (t=5): all act, 210 + 310 + 620 = 1140 > 1024: the smallest actor pauses, 930 fits
+    assert ticks[0] == (5.0, Pause("small", "e0"))
+    # "small" asks for its second turn at ~20 s: held; "mid" ends at ~20 s; the next tick restores
+    t_restore, restore = ticks[1]
+    assert t_restore == 25.0 and isinstance(restore, Restore) and restore.program_id == "small"
+    small_starts = [t for t, d in r.decisions if isinstance(d, Start) and d.program_id == "small"]
+    assert small_starts[1] == 25.0
+    assert len(ticks) == 2 and r.summary["pauses"] == 1

@@ -79,6 +79,8 @@ class SimEngine:
         self.prompt_tokens = 0
         self.hit_tokens = 0
         self.output_tokens = 0
+        self.prefill_done = 0  # prompt tokens computed (not from cache), as vLLM's prefill counters
+        self.prefill_s = 0.0  # step time spent on them (a mixed step's time split by token share)
 
     # ---- the driver's calls ----------------------------------------------------------------
     def add(self, request: EngineRequest, now: float) -> float | None:
@@ -118,6 +120,10 @@ class SimEngine:
                     done.append(r)
         else:
             self.steps += 1
+            pre = sum(n for r, n in run.batch if r.computed < r.target)
+            if pre:
+                self.prefill_done += pre
+                self.prefill_s += (run.end - run.start) * pre / sum(n for _, n in run.batch)
             for r, ntok in run.batch:
                 r.computed += ntok
                 if r.computed >= r.target:

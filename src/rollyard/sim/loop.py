@@ -98,7 +98,8 @@ class Simulation:
         self._training = False
         self._batch_units: set[str] = set()
         self._idle_since = 0.0
-        self._step_groups: set[str] = set()  # sync mode: the groups of the step under way
+        self._step_groups: set[str] = set()
+        self._prefill_seen: dict[str, tuple[int, float]] = {}  # sync mode: the groups of the step under way
 
     # ---- events ------------------------------------------------------------------------------
     def _at(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
@@ -317,13 +318,25 @@ class Simulation:
         for name, e in self.engines.items():
             if e.healthy:
                 usages.append(e.kv.usage)
-                self.sched.update_engine(name, kv_usage=e.kv.usage, waiting=len(e.waiting))
+                self.sched.update_engine(
+                    name, kv_usage=e.kv.usage, waiting=len(e.waiting), prefill_tok_s=self._prefill_rate(e)
+                )
         paused = sum(1 for v in self.sched.state.programs.values() if v.paused)
         mean = sum(usages) / len(usages) if usages else 0.0
         self.stats.series.append(
             (now, mean, max(usages, default=0.0), self._live - paused, paused, self.stats.output_tokens)
         )
         self._at(now + self.workload.poll_s, POLL)
+
+    def _prefill_rate(self, e: SimEngine) -> float | None:
+        """Prefill tokens/s since the last poll, smoothed as ``EnginePool._prefill_rate`` does."""
+        before = self._prefill_seen.get(e.name)
+        self._prefill_seen[e.name] = (e.prefill_done, e.prefill_s)
+        if before is None or e.prefill_s <= before[1] or e.prefill_done <= before[0]:
+            return None
+        sample = (e.prefill_done - before[0]) / (e.prefill_s - before[1])
+        old = self.sched.state.engines[e.name].prefill_tok_s
+        return sample if old <= 0 else 0.7 * old + 0.3 * sample
 
     def _on_fail(self, name: str, down_s: float) -> None:
         """An engine dies: its requests error out, the clients retry, the scheduler re-routes."""
