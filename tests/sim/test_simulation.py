@@ -138,3 +138,13 @@ def test_thunder_pauses_and_restores_in_the_simulator_as_its_unit_test_says() ->
     small_starts = [t for t, d in r.decisions if isinstance(d, Start) and d.program_id == "small"]
     assert small_starts[1] == 25.0
     assert len(ticks) == 2 and r.summary["pauses"] == 1
+
+
+def test_divided_rollout_runs_a_turn_as_chunks_that_keep_the_program_reasoning() -> None:
+    w = workload(programs=4, group_size=4, engines=2, divide_tokens=16, output_tokens={"value": 50})
+    r = Simulation(w, make_policy("seer"), PROFILE, record=True).run()
+    starts = [d for _, d in r.decisions if isinstance(d, Start)]
+    whole = Simulation(w.model_copy(update={"divide_tokens": 0}), make_policy("seer"), PROFILE).run()
+    assert r.summary["output_tok_s"] > 0 and r.stats.output_tokens == whole.stats.output_tokens
+    assert len(starts) > 3 * len(whole.stats.request_latency)  # 50 tokens = 4 chunks of <= 16
+    assert len(r.stats.request_latency) == len(whole.stats.request_latency)  # a turn is still one request

@@ -33,6 +33,7 @@ def sim(
     programs: int | None = typer.Option(None, help="override the workload's program count"),
     profile: str | None = typer.Option(None, help="engine profile: name or YAML (default: the workload's)"),
     seed: int | None = typer.Option(None, help="override the workload's seed"),
+    divide_tokens: int | None = typer.Option(None, help="divided rollout chunk (gateway --divide-tokens)"),
     out: Path | None = typer.Option(None, help="report directory (default: sim-runs/WORKLOAD)"),
     engine: str | None = typer.Option(None, help="calibrate: the vLLM base URL, e.g. http://127.0.0.1:8000"),
     name: str = typer.Option("calibrated", help="calibrate: the profile's name"),
@@ -56,7 +57,7 @@ def sim(
     from rollyard.sim import Simulation, load_profile, load_workload
     from rollyard.sim.report import write_report
 
-    w = load_workload(target, engines=engines, programs=programs, seed=seed)
+    w = load_workload(target, engines=engines, programs=programs, seed=seed, divide_tokens=divide_tokens)
     prof = load_profile(profile or w.profile)
     results = []
     for spec in policy:

@@ -39,8 +39,11 @@ class _Program:
     turn: int = 0
     attempt: int = 0
     started: float = 0.0
-    submitted: float = 0.0
+    submitted: float = 0.0  # the current turn's first submit
     outputs: int = 0
+    turn_out: int = 0  # tokens of the current turn generated so far (divided rollout: earlier chunks)
+    chunk: int = 0
+    ask: tuple[int, int] = (0, 0)  # the request in flight: (prompt tokens, max tokens)
 
 
 @dataclass
@@ -182,11 +185,17 @@ class Simulation:
             self._submit(plan.id)
 
     def _submit(self, pid: str) -> None:
+        """Submit the program's next request: its turn, or under divided rollout (``divide_tokens``,
+        the gateway's ``--divide-tokens``) the turn's next chunk, which continues the last one."""
         p = self._programs[pid]
         turn = p.plan.turns[p.turn]
-        rid = f"{pid}.{p.turn}.{p.attempt}"
-        p.submitted = self.clock.now()
-        self.sched.submit(rid, pid, turn.prompt_tokens, turn.output_tokens)
+        rid = f"{pid}.{p.turn}.{p.chunk}.{p.attempt}"
+        if p.turn_out == 0:
+            p.submitted = self.clock.now()
+        left = turn.output_tokens - p.turn_out
+        divide = self.workload.divide_tokens
+        p.ask = (turn.prompt_tokens + p.turn_out, min(left, divide) if divide else left)
+        self.sched.submit(rid, pid, p.ask[0], p.ask[1], p.chunk)
 
     def _pump(self) -> None:
         """Carry out ``dispatch`` as the gateway's ``EnginePool._pump`` does."""
@@ -200,13 +209,10 @@ class Simulation:
                 continue
             assert isinstance(d, Start)
             p = self._programs[d.program_id]
-            turn = p.plan.turns[p.turn]
             engine = self.engines[d.engine]
             self._running[d.request_id] = (d.program_id, d.engine)
             self.stats.queue_wait.append(d.waited_s)
-            req = EngineRequest(
-                d.request_id, d.program_id, turn.prompt_tokens, turn.output_tokens, p.submitted
-            )
+            req = EngineRequest(d.request_id, d.program_id, p.ask[0], p.ask[1], now)
             end = engine.add(req, now)
             if end is not None:
                 self._at(end, STEP, d.engine, engine.version)
@@ -234,15 +240,22 @@ class Simulation:
         self._running.pop(r.request_id, None)
         p = self._programs[r.program_id]
         turn = p.plan.turns[p.turn]
-        self.sched.complete(r.request_id, r.generated)
-        self.sched.observe(r.program_id, context_tokens=turn.prompt_tokens + r.generated)
+        if p.turn_out == 0 and r.first_token_at is not None:
+            self.stats.ttft.append(r.first_token_at - p.submitted)
+        p.turn_out += r.generated
         self.stats.output_tokens += r.generated
-        self.stats.request_latency.append(now - r.arrived)
-        if r.first_token_at is not None:
-            self.stats.ttft.append(r.first_token_at - r.arrived)
         p.outputs += r.generated
-        p.turn += 1
         p.attempt = 0
+        if p.turn_out < turn.output_tokens:  # a divided turn's chunk: the next one follows at once
+            self.sched.complete(r.request_id, r.generated, final=False)
+            p.chunk += 1
+            self._submit(r.program_id)
+            return
+        self.sched.complete(r.request_id, p.turn_out)
+        self.sched.observe(r.program_id, context_tokens=turn.prompt_tokens + p.turn_out)
+        self.stats.request_latency.append(now - p.submitted)
+        p.turn += 1
+        p.turn_out = p.chunk = 0
         if p.turn < len(p.plan.turns):
             self._at(now + turn.tool_s, SUBMIT, r.program_id)
             return

@@ -102,6 +102,7 @@ class Workload(_Model):
     tool_s: Dist = Field(default_factory=Dist)
     max_context: int = Field(default=32768, ge=16)
     retry_s: float = Field(default=1.0, ge=0)  # a client's wait before retrying a failed request
+    divide_tokens: int = Field(default=0, ge=0)  # Seer's divided rollout: chunks of this many tokens
     rl: RLSpec = Field(default_factory=RLSpec)
     failures: list[Failure] = Field(default_factory=list)
 
