@@ -4,8 +4,9 @@ Decode cost: B concurrent requests with random L-token prompts are run twice, to
 M2 output tokens (``ignore_eos``, fresh prompts each time so the prefix cache never helps);
 (T(M2) - T(M1)) / (M2 - M1) is one decode step at batch B and context ~L. Prefill cost: one
 request of L tokens and one output token. Least squares fits the step model of
-``EngineProfile`` (plus a per-request HTTP cost that only the prefill timings carry, and that
-the profile leaves out); KV capacity comes from vLLM's ``cache_config_info`` metric.
+``EngineProfile`` and its per-request cost (``request_s``: HTTP and admission, which only the
+prefill timings carry; the decode differences cancel it); KV capacity comes from vLLM's
+``cache_config_info`` metric.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -99,23 +101,27 @@ async def _measure(url: str, quick: bool, seed: int) -> tuple[dict[str, Any], li
             info = await _info(client)
         except httpx.HTTPError as e:
             raise EngineUnavailable(f"cannot reach the engine at {url}: {e}") from None
-        model, m1, m2 = info["model"], 4, 36
+        model, m1, m2 = info["model"], 8, 72
         top = info["max_model_len"] - m2 - 1
         batches = [1, 8, 32] if quick else [1, 4, 16, 48]
-        lengths = [min(top, n) for n in ([32, 1024] if quick else [32, 512, 1536])]
+        lengths = [min(top, n) for n in ([64, 1024] if quick else [64, 512, 1536])]
         await _batch(client, model, rng, 2, 16, 4)  # warm-up
         decode = []
         for b in batches:
             for n in lengths:
                 if b * (n + m2) > info["num_blocks"] * info["block_size"]:
                     continue  # would preempt: not a clean step timing
-                t1 = min([await _batch(client, model, rng, b, n, m1) for _ in range(2)])
-                t2 = min([await _batch(client, model, rng, b, n, m2) for _ in range(2)])
-                decode.append((b, n + (m1 + m2) / 2, max(1e-6, (t2 - t1) / (m2 - m1))))
+                steps = []
+                for _ in range(3):  # paired runs, the median of their differences (shared, noisy cores)
+                    t1 = await _batch(client, model, rng, b, n, m1)
+                    t2 = await _batch(client, model, rng, b, n, m2)
+                    steps.append((t2 - t1) / (m2 - m1))
+                decode.append((b, n + (m1 + m2) / 2, max(1e-6, statistics.median(steps))))
         prefill = []
         for n in [16, 256, 1024] if quick else [16, 128, 512, 1024, 1536]:
             n = min(top, n)
-            prefill.append((n, min([await _batch(client, model, rng, 1, n, 1) for _ in range(3)])))
+            runs = [await _batch(client, model, rng, 1, n, 1) for _ in range(3)]
+            prefill.append((n, statistics.median(runs)))
     return info, decode, prefill
 
 
@@ -142,6 +148,7 @@ def calibrate(
         per_token_s=coef["per_token_s"],
         decode_attn_s=coef["decode_attn_s"],
         prefill_attn_s=coef["prefill_attn_s"],
+        request_s=coef["request_s"],
         block_size=info["block_size"],
         num_blocks=info["num_blocks"],
         max_num_seqs=max_num_seqs,
@@ -150,7 +157,7 @@ def calibrate(
     )
     lines = [
         f"measured: {info}",
-        f"fit: {coef}  (request_s is HTTP per request, not part of the profile)",
+        f"fit: {coef}",
         "decode points (batch, context, s/step): "
         + ", ".join(f"({b},{c:.0f},{s:.4f})" for b, c, s in decode),
         "prefill points (tokens, s): " + ", ".join(f"({n},{s:.4f})" for n, s in prefill),

@@ -29,7 +29,7 @@ from rollyard.sim.workload import ProgramPlan, RLMode, Workload
 
 __all__ = ["SimResult", "Simulation"]
 
-STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED = range(7)
+STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED, ARRIVE, KICK = range(9)
 STALL_S = 86400.0  # simulated time with only polls and ticks after which a run is declared stuck
 
 
@@ -139,6 +139,10 @@ class Simulation:
                 self._on_recover(a)
             elif kind == TRAINED:
                 self._on_trained()
+            elif kind == ARRIVE:
+                self._arrive(a, b)
+            elif kind == KICK:
+                self._kick(a)
             self._pump()
         if self._done < self._total:
             raise RuntimeError(f"simulation stalled with {self._total - self._done} programs unfinished")
@@ -200,7 +204,6 @@ class Simulation:
     def _pump(self) -> None:
         """Carry out ``dispatch`` as the gateway's ``EnginePool._pump`` does."""
         now = self.clock.now()
-        kicked: list[SimEngine] = []
         for d in self.sched.dispatch():
             if self.record:
                 self.decisions.append((now, d))
@@ -213,16 +216,26 @@ class Simulation:
             self._running[d.request_id] = (d.program_id, d.engine)
             self.stats.queue_wait.append(d.waited_s)
             req = EngineRequest(d.request_id, d.program_id, p.ask[0], p.ask[1], now)
-            end = engine.add(req, now)
+            self._at(now + self.profile.request_s, ARRIVE, engine, req)
+
+    def _arrive(self, engine: SimEngine, req: EngineRequest) -> None:
+        """A started request reaches its engine (``request_s`` after the Start: the HTTP hop)."""
+        now = self.clock.now()
+        if not engine.healthy:
+            self._lost(engine, [req])
+            return
+        req.arrived = now
+        end = engine.add(req, now)
+        if end is not None:
+            self._at(end, STEP, engine.name, engine.version)
+        elif engine.run is None:
+            self._at(now, KICK, engine)  # after every arrival of this instant: they share a step
+
+    def _kick(self, engine: SimEngine) -> None:
+        if engine.run is None and engine.healthy:
+            end = engine.plan(self.clock.now())
             if end is not None:
-                self._at(end, STEP, d.engine, engine.version)
-            elif engine.run is None:
-                kicked.append(engine)
-        for engine in kicked:
-            if engine.run is None:
-                end = engine.plan(now)
-                if end is not None:
-                    self._at(end, STEP, engine.name, engine.version)
+                self._at(end, STEP, engine.name, engine.version)
 
     def _on_step(self, name: str, version: int) -> None:
         engine = self.engines[name]
@@ -354,17 +367,21 @@ class Simulation:
     def _on_fail(self, name: str, down_s: float) -> None:
         """An engine dies: its requests error out, the clients retry, the scheduler re-routes."""
         now = self.clock.now()
-        lost = self.engines[name].fail()
+        engine = self.engines[name]
+        self._lost(engine, engine.fail())
         self.sched.update_engine(name, healthy=False)
-        for r in lost:
+        if math.isfinite(down_s):
+            self._at(now + down_s, RECOVER, name)
+
+    def _lost(self, engine: SimEngine, requests: list[EngineRequest]) -> None:
+        """Requests that died with their engine: errors to their clients, which retry."""
+        now = self.clock.now()
+        for r in requests:
             self._running.pop(r.request_id, None)
             self.sched.complete(r.request_id)
             self.stats.failed_requests += 1
-            p = self._programs[r.program_id]
-            p.attempt += 1
+            self._programs[r.program_id].attempt += 1
             self._at(now + self.workload.retry_s, SUBMIT, r.program_id)
-        if math.isfinite(down_s):
-            self._at(now + down_s, RECOVER, name)
 
     def _on_recover(self, name: str) -> None:
         self.engines[name].healthy = True

@@ -39,6 +39,7 @@ class EngineProfile(BaseModel):
     per_seq_s: float = Field(default=0.0, ge=0)
     decode_attn_s: float = Field(default=0.0, ge=0)
     prefill_attn_s: float = Field(default=0.0, ge=0)
+    request_s: float = Field(default=0.0, ge=0)  # per request before it reaches the engine (HTTP)
     block_size: int = Field(default=16, ge=1)
     num_blocks: int = Field(ge=1)  # KV capacity = num_blocks * block_size tokens
     max_num_seqs: int = Field(default=256, ge=1)  # vLLM's running-batch limit
