@@ -3,11 +3,11 @@ gateway in front of a real vLLM, recorded as a trace the simulator can replay.
 
 Each program is created through ``POST /programs`` and plays its plan: a user message of about
 the plan's prompt size, then per turn a chat completion with ``max_tokens`` = the plan's output
-length, a sleep of the plan's tool latency and a tool-result message of about the plan's tool
-size; it finishes through ``POST /programs/{id}/finish`` (the scheduler forgets it). The token
-counts the gateway reports (``usage``) are what the trace keeps, so the simulated replay sees
-the prompt and output sizes the engine really processed, even where the random model stopped
-early at eos or a text's token count differed from the plan.
+length (``ignore_eos`` in the program's sampling: exactly that many), a sleep of the plan's
+tool latency and a tool-result message of about the plan's tool size; it finishes through
+``POST /programs/{id}/finish`` (the scheduler forgets it). The token counts the gateway reports
+(``usage``) are what the trace keeps, so the simulated replay sees the prompt and output sizes
+the engine really processed, even where a text's token count differed from the plan.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class LiveRun:
 
 
 def _text(n: int, seed: int) -> str:
-    """About n tokens of text (the tiny tokenizer spends ~2 tokens on one of these words)."""
-    return " ".join(WORDS[(seed * 7 + i) % len(WORDS)] for i in range(max(1, n // 2)))
+    """About n tokens of text (the tiny tokenizer spends ~2.4 tokens on one of these words)."""
+    return " ".join(WORDS[(seed * 7 + i) % len(WORDS)] for i in range(max(1, round(n / 2.4))))
 
 
 async def _preemptions(client: httpx.AsyncClient, engine_url: str) -> int:
@@ -64,7 +64,11 @@ async def _program(
 ) -> None:
     r = await client.post(
         f"{url}/programs",
-        json={"group_id": plan.group_id, "sampling": {"temperature": 1.0}},
+        json={
+            "group_id": plan.group_id,
+            "group_size": plan.group_size,
+            "sampling": {"temperature": 1.0, "ignore_eos": True},
+        },
         headers={"x-api-key": ADMIN},
     )
     r.raise_for_status()
