@@ -148,3 +148,21 @@ def test_divided_rollout_runs_a_turn_as_chunks_that_keep_the_program_reasoning()
     assert r.summary["output_tok_s"] > 0 and r.stats.output_tokens == whole.stats.output_tokens
     assert len(starts) > 3 * len(whole.stats.request_latency)  # 50 tokens = 4 chunks of <= 16
     assert len(r.stats.request_latency) == len(whole.stats.request_latency)  # a turn is still one request
+
+
+def test_the_cli_compares_policies_into_a_report_directory(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollyard.cli import _register, app
+
+    _register()
+    out = tmp_path / "rep"
+    args = ["sim", "cpu-small", "--programs", "8", "-p", "fifo", "-p", "thunder", "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "fifo: output_tok_s=" in res.output and "thunder: output_tok_s=" in res.output
+    table = (out / "summary.md").read_text()
+    assert "| fifo |" in table and "| thunder |" in table
+    assert (out / "throughput.png").exists() and (out / "results.json").exists()
+    bad = CliRunner().invoke(app, ["sim", "cpu-small", "-p", "nope"])
+    assert bad.exit_code != 0
