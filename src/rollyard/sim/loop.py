@@ -126,7 +126,8 @@ class Simulation:
             elif t - progress > STALL_S:
                 break  # only the periodic events are left: nothing will ever finish
             if kind == STEP:
-                self._on_step(a, b)
+                if not self._on_step(a, b):
+                    continue  # nothing ended: no start can have become possible
             elif kind == SUBMIT:
                 self._submit(a)
             elif kind == TICK:
@@ -141,8 +142,10 @@ class Simulation:
                 self._on_trained()
             elif kind == ARRIVE:
                 self._arrive(a, b)
+                continue
             elif kind == KICK:
                 self._kick(a)
+                continue
             self._pump()
         if self._done < self._total:
             raise RuntimeError(f"simulation stalled with {self._total - self._done} programs unfinished")
@@ -237,10 +240,11 @@ class Simulation:
             if end is not None:
                 self._at(end, STEP, engine.name, engine.version)
 
-    def _on_step(self, name: str, version: int) -> None:
+    def _on_step(self, name: str, version: int) -> bool:
+        """Apply an engine step that ended; True when a request finished."""
         engine = self.engines[name]
         if version != engine.version or engine.run is None:
-            return  # replaced by a shortened run, or the engine died
+            return False  # replaced by a shortened run, or the engine died
         now = self.clock.now()
         finished = engine.finish(now)
         end = engine.plan(now)
@@ -248,6 +252,7 @@ class Simulation:
             self._at(end, STEP, name, engine.version)
         for r in finished:
             self._finished(r, now)
+        return bool(finished)
 
     def _finished(self, r: EngineRequest, now: float) -> None:
         self._running.pop(r.request_id, None)
