@@ -76,3 +76,31 @@ async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
     served = re.search(r"gateway up url=\S+ socket=(\S+)", caplog.text)
     assert served and served.group(1) != "None"
     assert not Path(served.group(1)).parent.exists()  # the socket's dir went with the gateway
+
+
+async def test_train_runs_under_the_rollyard_policy_with_pauses_restores_and_sandbox_hooks(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """``gateway.policy: rollyard`` in a train config: a large decode buffer makes the engine's
+    real KV capacity (from vLLM's cache_config_info) hold only two programs, so others wait,
+    the 2 s hold bound forces them in, and the over-full engine pauses and later restores
+    programs. Every program still finishes; sandboxes go on the gateway's terminate hook and
+    were prepared ahead (``sandbox.ahead``)."""
+    cfg = make_config(
+        **{
+            "run.steps": 1,
+            "gateway.policy": "rollyard",
+            "gateway.scheduling.options": {"buffer_tokens": 6000, "max_hold_s": 2},
+            "sandbox.ahead": 1,
+        }
+    )
+    assert cfg.gateway.scheduling.policy == "rollyard"
+    run = RunDir(tmp_path / "run")
+    await train(cfg, run)
+    (row,) = run.read_metrics()
+    programs = cfg.run.groups_per_step * cfg.run.group_size
+    assert row["sched_restores"] >= 1 and row["sched_pauses"] >= 1, row
+    assert row["sandbox_hook_releases"] >= programs, row
+    assert row["sandbox_ahead_hits"] >= 1, row
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == programs and all(t.num_turns >= 1 and t.outcome is not None for t in trajs)

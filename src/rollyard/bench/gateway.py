@@ -83,12 +83,13 @@ def _engine() -> Iterator[tuple[str, Path]]:
 
 
 @contextlib.contextmanager
-def _gateway(engine_url: str, model_dir: Path) -> Iterator[tuple[str, int]]:
+def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -> Iterator[tuple[str, int]]:
+    """A ``rollyard gateway`` process on a free port: (url, pid); ``extra`` adds CLI flags."""
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
         cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url]
         cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
-        cmd += ["--model-name", "tiny", "--capacity", "1024"]
+        cmd += ["--model-name", "tiny", "--capacity", "1024", *(extra or [])]
         env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"

@@ -22,7 +22,10 @@ def gateway(
     capacity: int = typer.Option(256, help="concurrent requests sent to each engine"),
     uds: Path | None = typer.Option(None, help="also serve on this unix socket (what sandboxes reach)"),
     tcp: bool = typer.Option(True, help="serve on --host/--port (--no-tcp: the unix socket only)"),
-    policy: str = typer.Option("fifo", help="scheduling policy (rollyard.sched presets, e.g. fifo)"),
+    policy: str = typer.Option("fifo", help="scheduling policy: fifo, thunder, rollyard, seer, group_bound"),
+    divide_tokens: int = typer.Option(
+        0, min=0, help="divided rollout: generate in chunks of this many tokens, rescheduled (0: off)"
+    ),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
@@ -40,6 +43,7 @@ def gateway(
         uds=uds,
         tcp=tcp,
         policy=policy,
+        divide_tokens=divide_tokens or None,
     )
 
 

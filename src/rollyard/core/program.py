@@ -35,6 +35,7 @@ class SamplingPolicy(BaseModel):
     temperature: float | None = Field(default=1.0, ge=0.0)
     top_p: float | None = Field(default=1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks that need set lengths)
 
 
 class Program(BaseModel):
@@ -43,6 +44,7 @@ class Program(BaseModel):
     id: str = Field(default_factory=lambda: new_id("prog"))
     api_key: str = Field(default_factory=new_key, repr=False)
     group_id: str = "default"
+    group_size: int = Field(default=1, ge=1)  # programs in its GRPO group (the scheduler's unit)
     task_id: str = "default"
     sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     context_limit: int | None = Field(default=None, ge=1)

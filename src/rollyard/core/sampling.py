@@ -22,6 +22,7 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     regex: str | None = None
     logprobs: bool = True
+    ignore_eos: bool = False
 
     def merged(self, **overrides: object) -> SamplingParams:
         """A copy with the non-None overrides applied (the trainer's policy wins)."""

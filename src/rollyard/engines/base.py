@@ -51,6 +51,8 @@ class EngineStats(BaseModel):
     preemptions: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    prefill_tokens: int = 0  # computed (not cached) prompt tokens, total
+    prefill_s: float = 0.0  # seconds requests spent in prefill, total
 
 
 @runtime_checkable

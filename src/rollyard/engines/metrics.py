@@ -34,4 +34,6 @@ def parse_vllm_metrics(text: str) -> EngineStats:
         prefix_cache_queries=int(
             values.get("vllm:prefix_cache_queries_total", values.get("vllm:prefix_cache_queries", 0))
         ),
+        prefill_tokens=int(values.get("vllm:request_prefill_kv_computed_tokens_sum", 0)),
+        prefill_s=values.get("vllm:request_prefill_time_seconds_sum", 0.0),
     )

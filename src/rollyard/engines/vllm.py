@@ -166,6 +166,8 @@ class VLLMBackend:
             body["seed"] = params.seed
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.ignore_eos:
+            body["ignore_eos"] = True
         if params.regex:
             body["structured_outputs"] = {"regex": params.regex}
         if stream:

@@ -19,6 +19,7 @@ from rollyard.gateway import (
     routes_openai_chat,
     routes_openai_responses,
 )
+from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
@@ -41,7 +42,9 @@ def build_gateway(
     policy: Policy | str | None = None,
     strict_model: bool = False,
     capacity: int = 256,
+    divide_tokens: int | None = None,
 ) -> Gateway:
+    """The gateway's parts; ``divide_tokens`` turns on divided rollout with chunks of that size."""
     clock = clock or SystemClock()
     metrics = GatewayMetrics()
     journal = SqliteJournal(journal_path)
@@ -49,7 +52,10 @@ def build_gateway(
     if isinstance(policy, str):
         policy = make_policy(policy)
     pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity)
-    return Gateway(pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model)
+    divided = Divided(divide_tokens) if divide_tokens else None
+    return Gateway(
+        pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model, divided
+    )
 
 
 def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:

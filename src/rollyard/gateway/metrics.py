@@ -36,6 +36,26 @@ class GatewayMetrics:
             "rollyard_engine_kv_usage", "Engine KV cache usage (0..1)", ["engine"], registry=r
         )
         self.engine_up = Gauge("rollyard_engine_up", "Engine healthy (1) or not (0)", ["engine"], registry=r)
+        self.sched_programs = Gauge(
+            "rollyard_sched_programs", "Programs the scheduler tracks", ["state", "phase"], registry=r
+        )
+        self.pauses = Counter("rollyard_sched_pauses", "Programs paused (KV pressure)", registry=r)
+        self.restores = Counter("rollyard_sched_restores", "Paused programs restored", registry=r)
+        self.hold = Histogram(
+            "rollyard_sched_hold_seconds",
+            "How long a restored program was held (paused or unplaced)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.moves = Counter(
+            "rollyard_sched_moves", "Programs re-homed to another engine", ["why"], registry=r
+        )
+        self.active_tokens = Gauge(
+            "rollyard_sched_active_tokens",
+            "Context tokens of active programs per engine",
+            ["engine"],
+            registry=r,
+        )
         self.rewrites = Counter(
             "rollyard_gateway_context_rewrites", "History rewrites (new segments)", registry=r
         )

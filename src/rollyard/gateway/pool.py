@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from rollyard.core.errors import EngineUnavailable
-from rollyard.engines.base import Backend
+from rollyard.engines.base import Backend, EngineStats
 from rollyard.gateway.metrics import GatewayMetrics
-from rollyard.sched import Move, Pause, Restore, Scheduler, Start
+from rollyard.sched import KvBudget, Move, Pause, Restore, Scheduler, Start
+
+_ACTIVE = KvBudget(buffer_tokens=0)  # per-engine active context tokens, for /metrics
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,9 @@ class EnginePool:
         self.metrics = metrics
         self._waiters: dict[str, asyncio.Future[Start]] = {}
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
+        self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
+        self._hooks: list[Callable[[Pause | Restore], None]] = []
+        self.counts: Counter[str] = Counter()  # pauses, restores, moves: for the run's step rows
         for name in self.backends:
             scheduler.add_engine(name, capacity)
             metrics.engine_up.labels(name).set(1)
@@ -55,14 +61,17 @@ class EnginePool:
             except Exception as e:  # reported as down; the poller brings it back
                 self.mark_down(name, type(e).__name__)
 
-    async def acquire(self, program_id: str, prompt_tokens: int, max_tokens: int | None = None) -> Start:
-        """Wait until the scheduler starts this request; raises when no engine is healthy."""
+    async def acquire(
+        self, program_id: str, prompt_tokens: int, max_tokens: int | None = None, chunk: int = 0
+    ) -> Start:
+        """Wait until the scheduler starts this request (``chunk``: its index under divided
+        rollout); raises when no engine is healthy."""
         if not self.scheduler.healthy_engines():
             raise EngineUnavailable("no healthy engine; retry shortly", retry_after_s=2.0)
         rid = f"req_{next(self._ids)}"
         fut: asyncio.Future[Start] = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
-        self.scheduler.submit(rid, program_id, prompt_tokens, max_tokens)
+        self.scheduler.submit(rid, program_id, prompt_tokens, max_tokens, chunk)
         self._pump()
         try:
             d = await fut
@@ -74,14 +83,25 @@ class EnginePool:
         self.metrics.queue_wait.observe(d.waited_s)
         return d
 
-    def release(self, start: Start, output_tokens: int | None = None) -> None:
-        self.scheduler.complete(start.request_id, output_tokens)
+    def release(self, start: Start, output_tokens: int | None = None, *, final: bool = True) -> None:
+        """The request ended (``final=False``: one chunk of a divided request ended; more follow)."""
+        self.scheduler.complete(start.request_id, output_tokens, final=final)
         self._pump()
 
+    def on_decision(self, hook: Callable[[Pause | Restore], None]) -> None:
+        """Called with every pause and restore carried out (the program table mirrors them)."""
+        self._hooks.append(hook)
+
     def _pump(self) -> None:
+        moved: set[str] = set()
         for d in self.scheduler.dispatch():
             if isinstance(d, Move):
-                continue  # the following Start carries moved_from
+                moved.add(d.program_id)  # the following Start carries moved_from
+                log.info("program moved id=%s src=%s dst=%s why=%s", d.program_id, d.src, d.dst, d.reason)
+                continue
+            if d.moved_from is not None:
+                self.metrics.moves.labels("cost" if d.program_id in moved else "replaced").inc()
+                self.counts["moves"] += 1
             fut = self._waiters.pop(d.request_id, None)
             if fut is None or fut.done():
                 self.scheduler.complete(d.request_id)
@@ -103,10 +123,40 @@ class EnginePool:
                 if name in self.scheduler.healthy_engines():
                     self.mark_down(name, type(e).__name__)
                 continue
-            self.scheduler.update_engine(name, kv_usage=stats.kv_usage, healthy=True)
+            self.scheduler.update_engine(
+                name,
+                kv_usage=stats.kv_usage,
+                kv_capacity_tokens=stats.kv_capacity_tokens,
+                waiting=stats.waiting,
+                prefill_tok_s=self._prefill_rate(name, stats),
+                healthy=True,
+            )
             self.metrics.kv_usage.labels(name).set(stats.kv_usage)
             self.metrics.engine_up.labels(name).set(1)
+        self.observe_metrics()
         self._pump()
+
+    def _prefill_rate(self, name: str, stats: EngineStats) -> float | None:
+        """Prefill tokens/s since the last poll (computed, not cached, tokens over prefill time),
+        smoothed; None until the engine has prefilled something new."""
+        before = self._prefill_seen.get(name)
+        self._prefill_seen[name] = (stats.prefill_tokens, stats.prefill_s)
+        if before is None or stats.prefill_s <= before[1] or stats.prefill_tokens <= before[0]:
+            return None
+        sample = (stats.prefill_tokens - before[0]) / (stats.prefill_s - before[1])
+        old = self.scheduler.state.engines[name].prefill_tok_s
+        return sample if old <= 0 else 0.7 * old + 0.3 * sample
+
+    def observe_metrics(self) -> None:
+        """Programs by state and phase, active context tokens per engine (gauges for /metrics)."""
+        state = self.scheduler.state
+        counts = Counter((p.state.value, p.phase.value) for p in state.programs.values())
+        for st in ("active", "paused"):
+            for ph in ("reasoning", "acting"):
+                self.metrics.sched_programs.labels(st, ph).set(counts.get((st, ph), 0))
+        now = self.scheduler.clock.now()
+        for name in state.engines:
+            self.metrics.active_tokens.labels(name).set(_ACTIVE.used(state, name, now))
 
     async def poll_forever(self, interval_s: float) -> None:
         while True:
@@ -116,8 +166,20 @@ class EnginePool:
     def tick(self) -> list[Pause | Restore]:
         """Run the admission policy once and start whatever its restores let run."""
         decisions = self.scheduler.tick()
+        for d in decisions:
+            self.counts["pauses" if isinstance(d, Pause) else "restores"] += 1
+            if isinstance(d, Pause):
+                self.metrics.pauses.inc()
+                log.info("program paused id=%s engine=%s reason=%s", d.program_id, d.engine, d.reason)
+            else:
+                self.metrics.restores.inc()
+                self.metrics.hold.observe(d.held_s)
+                log.info("program restored id=%s engine=%s held_s=%.2f", d.program_id, d.engine, d.held_s)
+            for hook in self._hooks:
+                hook(d)
         if decisions:
             self._pump()
+        self.observe_metrics()
         return decisions
 
     async def tick_forever(self) -> None:

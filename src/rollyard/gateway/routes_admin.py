@@ -24,6 +24,7 @@ class CreateProgram(BaseModel):
 
     id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     group_id: str = "default"
+    group_size: int = Field(default=1, ge=1, le=4096)  # how many programs share group_id
     task_id: str = "default"
     sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     context_limit: int | None = Field(default=None, ge=1)

@@ -34,6 +34,7 @@ async def metrics(request: Request) -> Response:
     counts = Counter(p.state.value for p in gw.programs.all())
     for state in ("active", "paused", "finished", "terminated"):
         gw.metrics.programs.labels(state).set(counts.get(state, 0))
+    gw.pool.observe_metrics()
     return Response(gw.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

@@ -49,4 +49,5 @@ def sampling_for(request: ChatRequest, program: Program, prompt_len: int, limit:
         seed=request.seed,
         regex=regex,
         logprobs=True,
+        ignore_eos=pol.ignore_eos,
     )

@@ -78,6 +78,7 @@ def serve(
     uds: Path | None = None,
     tcp: bool = True,
     policy: str = "fifo",
+    divide_tokens: int | None = None,
 ) -> None:
     """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given."""
     from rollyard.engines.vllm import VLLMBackend
@@ -102,6 +103,7 @@ def serve(
         strict_model=strict_model,
         capacity=capacity,
         policy=policy,
+        divide_tokens=divide_tokens,
     )
     import uvicorn
 

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock
-from rollyard.core.errors import EngineUnavailable, InvalidRequest
-from rollyard.core.program import Program, ProgramPhase
+from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
+from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
 from rollyard.engines.base import Completion
+from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
@@ -29,7 +30,7 @@ from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
 from rollyard.gateway.streaming import TextStreamer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
-from rollyard.sched import Start
+from rollyard.sched import Pause, Restore, Start
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,28 @@ class Gateway:
         metrics: GatewayMetrics,
         model_name: str,
         strict_model: bool = False,
+        divided: Divided | None = None,
     ) -> None:
         self.pool, self.renderer, self.programs, self.journal = pool, renderer, programs, journal
         self.clock, self.metrics = clock, metrics
         self.model_name, self.strict_model = model_name, strict_model
+        self.divided = divided  # None: every generation runs in one piece
         self.conversations: dict[str, ConversationState] = journal.load_conversations()
         self._locks: dict[str, asyncio.Lock] = {}
         programs.on_create(
-            lambda p: pool.scheduler.register(p.id, p.group_id, context_tokens=p.context_tokens)
+            lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
         programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
+        pool.on_decision(self._mirror_decision)
+
+    def _mirror_decision(self, d: Pause | Restore) -> None:
+        """Show the scheduler's pauses in the program table (``GET /programs``, /metrics)."""
+        try:
+            p = self.programs.get(d.program_id)
+        except NotFound:
+            return
+        if not p.state.is_over:
+            p.state = ProgramState.PAUSED if isinstance(d, Pause) else ProgramState.ACTIVE
 
     # public ---------------------------------------------------------------
     def check_model(self, request: ChatRequest) -> None:
@@ -141,47 +154,86 @@ class Gateway:
     async def _run(
         self, program: Program, request: ChatRequest, plan: RenderPlan, entered: float
     ) -> AsyncIterator[TextDelta | ChatResult]:
-        """Schedule, call the engine (one retry elsewhere if it dies before streaming), record."""
+        """Schedule, generate (in one piece, or in chunks under divided rollout), record once."""
         submitted = self.clock.now()
         params = sampling_for(
             request, program, len(plan.prompt_ids), context_limit(program, self.pool.max_model_len)
         )
         streamer = TextStreamer(self.renderer.tok)
+
+        def call(ids: list[int], p: SamplingParams, chunk: int, before: int, left_after: int) -> Any:
+            return self._generate(program, request, ids, p, streamer, chunk, before, left_after)
+
+        if self.divided is not None and self.divided.applies(params):
+            items = run_divided(call, plan.prompt_ids, params, self.divided.chunk_tokens)
+        else:
+            items = call(plan.prompt_ids, params, 0, 0, 0)
+        gen: Generated | None = None
+        async for item in items:
+            if isinstance(item, Generated):
+                gen = item
+            else:
+                yield item
+        assert gen is not None
+        if gen.dispatch.priority is not None:  # the policy ranked it (seer: 0 = probe or starved)
+            gen.notes["priority"] = gen.dispatch.priority
+        result = await self._record(program, request, plan, params, gen, submitted)
+        now = self.clock.now()
+        result.engine_s, result.gateway_s = gen.engine_s, now - entered - gen.engine_s
+        self.metrics.finished(request.api, now - submitted, gen.engine_s)
+        yield result
+
+    async def _generate(
+        self,
+        program: Program,
+        request: ChatRequest,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        streamer: TextStreamer,
+        chunk: int = 0,
+        before: int = 0,
+        left_after: int = 0,
+    ) -> AsyncIterator[TextDelta | Generated]:
+        """One engine call (one retry on another engine if the first dies before streaming).
+
+        Under divided rollout this is one chunk: ``before`` tokens were generated already and
+        ``left_after`` may follow, so the scheduler is told whether the request goes on."""
         completion: Completion | None = None
         engine_s = 0.0
         dispatch: Start | None = None
-        for attempt in range(2):  # one retry on another engine if the first one dies
-            dispatch = await self.pool.acquire(program.id, len(plan.prompt_ids), params.max_tokens)
+        for attempt in range(2):
+            dispatch = await self.pool.acquire(
+                program.id, len(prompt_ids), params.max_tokens + left_after, chunk=chunk
+            )
             started = self.clock.now()
             program.phase, program.engine = ProgramPhase.REASONING, dispatch.engine
+            streamed = len(streamer.ids)
             try:
                 backend = self.pool.backends[dispatch.engine]
                 if request.stream:
                     completion = None
-                    async for piece in self._stream_engine(backend, plan.prompt_ids, params, streamer):
+                    async for piece in self._stream_engine(backend, prompt_ids, params, streamer):
                         if isinstance(piece, Completion):
                             completion = piece
                         elif piece:
                             yield TextDelta(piece)
                 else:
-                    completion = await backend.generate(plan.prompt_ids, params)
+                    completion = await backend.generate(prompt_ids, params)
                 break
             except EngineUnavailable as e:
                 self.pool.mark_down(dispatch.engine, e.message)
-                if attempt == 1 or streamer.ids or not self.pool.scheduler.healthy_engines():
+                if attempt == 1 or len(streamer.ids) > streamed or not self.pool.scheduler.healthy_engines():
                     self.metrics.requests.labels(request.api, "engine_unavailable").inc()
                     raise
             finally:
                 engine_s += self.clock.now() - started
-                program.phase = ProgramPhase.ACTING
-                self.pool.release(dispatch, len(completion.token_ids) if completion else None)
+                final = not continues(completion, params.max_tokens, left_after)
+                if final:
+                    program.phase = ProgramPhase.ACTING
+                out = before + len(completion.token_ids) if completion and final else None
+                self.pool.release(dispatch, out, final=final)
         assert completion is not None and dispatch is not None
-        result = await self._record(program, request, plan, params, completion, dispatch, submitted, started)
-        now = self.clock.now()
-        result.engine_s, result.gateway_s = engine_s, now - entered - engine_s
-        total = now - submitted
-        self.metrics.finished(request.api, total, engine_s)
-        yield result
+        yield Generated(completion, dispatch, started, engine_s)
 
     async def _stream_engine(
         self, backend: object, prompt_ids: list[int], params: SamplingParams, streamer: TextStreamer
@@ -213,11 +265,10 @@ class Gateway:
         request: ChatRequest,
         plan: RenderPlan,
         params: SamplingParams,
-        completion: Completion,
-        dispatch: Start,
+        gen: Generated,
         submitted: float,
-        started: float,
     ) -> ChatResult:
+        completion, dispatch, started = gen.completion, gen.dispatch, gen.started
         prefix = "toolu_" if request.api == "anthropic" else "call_"
         message, malformed = self.renderer.decode_completion(completion.token_ids, prefix, new_call_id)
         prev = self.conversations.get(program.id)
@@ -261,6 +312,8 @@ class Gateway:
             events.append(
                 Event(kind=EventKind.NOTE, turn_index=index, at=now, data={"moved_from": dispatch.moved_from})
             )
+        if gen.notes:
+            events.append(Event(kind=EventKind.NOTE, turn_index=index, at=now, data=dict(gen.notes)))
         if message.tool_calls:
             events += [
                 Event(kind=EventKind.TOOL_CALL, turn_index=index, at=now, data={"name": c.name, "id": c.id})

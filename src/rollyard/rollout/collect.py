@@ -48,19 +48,21 @@ class LocalRunner:
         self.timeout_s = timeout_s
         self._registered: set[str] = set()
 
-    def _register(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
+    def prepare(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
+        """Register the task with the sandbox pool once; it starts preparing ``sandbox.ahead``."""
         if task.id in self._registered:
             return
         spec = sandbox_spec(task, self.svc.provider)
         if isinstance(agent, BlackBoxRunner):  # the gateway's socket, the forwarder, Python
             spec = agent.spec(spec)
-        self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb), ahead=0)
+        # prepares ``sandbox.ahead`` sandboxes of this task while its programs wait for a slot
+        self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb))
         self._registered.add(task.id)
 
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
-        self._register(task, agent)
+        self.prepare(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
             return await act_and_evaluate(
@@ -72,8 +74,10 @@ class LocalRunner:
                 agent=agent,
                 timeout_s=self.timeout_s,
             )
-        finally:
+        except BaseException:  # no program.finish follows: free it here
             await self.svc.pool.release(program.id)
+            raise
+        # on success the gateway's terminate hook frees the sandbox when the program is finished
 
 
 async def run_program(
@@ -83,14 +87,19 @@ async def run_program(
     group_id: str,
     temperature: float,
     retries: int = 3,
+    group_size: int = 1,
 ) -> Trajectory:
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.gateway
     cfg = svc.cfg
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
+    if isinstance(runner, LocalRunner):  # sandboxes of this task get prepared while it waits for a slot
+        runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):
         async with svc.slots:
-            program = gw.programs.create(Program(group_id=group_id, task_id=task.id, sampling=sampling))
+            program = gw.programs.create(
+                Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
+            )
             res = await runner.run(task, program, svc.gateway.url + "/v1", svc.agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
@@ -156,6 +165,6 @@ async def run_group(
 ) -> GroupRecord:
     """G programs of one task, concurrently, scored as one group."""
     trajs = await asyncio.gather(
-        *(run_program(svc, runner, task, group_id, temperature) for _ in range(size))
+        *(run_program(svc, runner, task, group_id, temperature, group_size=size) for _ in range(size))
     )
     return score(group_id, number, task, list(trajs), svc.cfg)

@@ -76,11 +76,19 @@ class SchedulingConfig(_Section):
             raise ValueError(e.message) from None
 
 
+class DividedConfig(_Section):
+    """Divided rollout (Seer): generations longer than ``chunk_tokens`` run as chunks, each
+    rescheduled (``rollyard.gateway.divided``)."""
+
+    chunk_tokens: int = Field(default=256, ge=1)
+
+
 class GatewayConfig(_Section):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    divided: DividedConfig | None = None  # None: every generation runs in one piece
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +169,9 @@ class EvalConfig(_Section):
 
 
 class RunConfig(_Section):
+    # async: rollouts never wait for training (buffer staleness bound); sync: each step's groups
+    # are rolled out together, then trained, then weights published (rollout/sync.py)
+    mode: Literal["async", "sync"] = "async"
     steps: int = Field(default=20, ge=1)
     groups_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=4, ge=2)

@@ -31,6 +31,7 @@ from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services
+from rollyard.rollout.sync import produce_in_steps
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.tasks.model import Task
 from rollyard.train.publish import WeightPublisher
@@ -97,7 +98,8 @@ class TrainingLoop:
             self._groups.add(task)
             task.add_done_callback(self._groups.discard)
 
-    async def _one_group(self, n: int, gid: str, task: Task) -> None:
+    async def _one_group(self, n: int, gid: str, task: Task) -> bool:
+        """Run, score and hand one group to the buffer; False when it was dropped instead."""
         run = self.cfg.run
         try:
             rec = await run_group(self.svc, self.runner, task, gid, n, run.group_size, run.temperature)
@@ -107,16 +109,17 @@ class TrainingLoop:
             log.exception("group=%s task=%s failed; dropping it", gid, task.id)
             self.s.failures += 1
             await self.buffer.discard(gid)
-            return
+            return False
         if not rec.samples:
             await self.buffer.discard(gid)
-            return
+            return False
         await self.buffer.complete(
             gid, policy_version=rec.policy_version, length=rec.completion_tokens, payload=rec
         )
         self.progress(
             {"event": "group", "reward": rec.stats["reward_mean"], "in_flight": self.s.ledger.in_flight()}
         )
+        return True
 
     # -- trainer -------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -124,7 +127,8 @@ class TrainingLoop:
             row = {"step": 0, "policy_version": self.s.version, **await self._evaluate("step0")}
             self.run_dir.append_metrics(row)
             self.progress(row)
-        producer = asyncio.create_task(self._produce())
+        sync = self.cfg.run.mode == "sync"  # whole steps: roll out, train, publish (rollout/sync.py)
+        producer = asyncio.create_task(produce_in_steps(self) if sync else self._produce())
         last = self.clock.now()
         try:
             while self.s.step < self.cfg.run.steps:
@@ -186,6 +190,9 @@ class TrainingLoop:
             "groups": [g.group_id for g in groups],
             "dropped_total": len(self.s.ledger.dropped),
             "engine_restarts": self.svc.fleet.restarts,
+            **{f"sched_{k}": v for k, v in self.svc.gateway.gateway.pool.counts.items()},
+            "sandbox_hook_releases": self.svc.pool.stats.hook_releases,
+            "sandbox_ahead_hits": self.svc.pool.stats.ahead_hits,
             "time": time.time(),
         }
         last_step = self.s.step == self.cfg.run.steps

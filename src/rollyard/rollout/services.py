@@ -209,6 +209,7 @@ async def start_gateway(
         MODEL_NAME,
         capacity=cfg.gateway.capacity,
         policy=cfg.gateway.scheduling.build(),
+        divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(
@@ -292,7 +293,9 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
             gw = await start_gateway(cfg, run_dir, fleet, weights, uds=cfg.agent.kind == "blackbox")
             try:
                 provider = make_provider(cfg, run_dir)
-                pool = SandboxPool(provider, ahead=0, deadline_s=cfg.agent.timeout_s * 2 + 60)
+                pool = SandboxPool(provider, ahead=cfg.sandbox.ahead, deadline_s=cfg.agent.timeout_s * 2 + 60)
+                # a program's sandbox goes when the gateway ends the program, however it ends
+                gw.gateway.programs.on_terminate(lambda p: pool.on_program_terminated(p.id))
                 try:
                     slots = asyncio.Semaphore(cfg.run.max_programs)
                     yield Services(cfg, fleet, gw, provider, pool, slots, program_agent(cfg, gw))

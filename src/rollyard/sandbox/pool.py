@@ -59,6 +59,8 @@ class PoolStats:
     leaks: int = 0
     prepare_failures: int = 0
     prepare_seconds_sum: float = 0.0
+    hook_releases: int = 0  # sandboxes freed by the program-terminated hook
+    ahead_hits: int = 0  # acquires served by a sandbox prepared ahead
 
 
 class _Metrics:
@@ -160,6 +162,7 @@ class SandboxPool:
         if program_id in self._bound:
             raise Conflict(f"program {program_id} already has a sandbox")
         sb = t.ready.popleft() if t.ready else None
+        self.stats.ahead_hits += sb is not None
         self._refill(task_key)
         if sb is None:
             sb = await self._make(t)
@@ -184,6 +187,7 @@ class SandboxPool:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
+        self.stats.hook_releases += 1
         if running is self._loop:
             self._spawn(self.release(program_id))
         else:

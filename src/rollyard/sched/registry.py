@@ -13,17 +13,77 @@ from typing import Any
 
 from rollyard.core.errors import ConfigError
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
+from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
+from rollyard.sched.rollyard import AgingAdmission, CostAware
+from rollyard.sched.seer import GroupBound, SeerOrder, SeerRouter
+from rollyard.sched.thunder import FewestTokens, ThunderAdmission
 
 __all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
 
 Options = dict[str, Any]
 
-ROUTERS: dict[str, Callable[[Options], Router]] = {"least_loaded": lambda o: LeastLoaded()}
-ADMISSIONS: dict[str, Callable[[Options], Admission]] = {"admit_all": lambda o: AdmitAll()}
-ORDERS: dict[str, Callable[[Options], Order]] = {"fifo": lambda o: FifoOrder()}
+
+def _budget(o: Options) -> KvBudget:
+    return KvBudget(int(o.get("buffer_tokens", 256)), float(o.get("acting_half_life_s", 0.0)))
+
+
+def _thunder(o: Options) -> Admission:
+    return ThunderAdmission(
+        _budget(o), float(o.get("max_hold_s", 1800.0)), bool(o.get("acting_half_life_s", 0.0))
+    )
+
+
+def _aging(o: Options) -> Admission:
+    reserve = o.get("reserve_after_s")
+    return AgingAdmission(
+        _budget(o),
+        max_hold_s=float(o.get("max_hold_s", 30.0)),
+        age_s=float(o.get("age_s", 2.0)),
+        reserve_after_s=None if reserve is None else float(reserve),
+        min_run_s=float(o.get("min_run_s", 5.0)),
+        acting_decay=bool(o.get("acting_half_life_s", 0.0)),
+    )
+
+
+ROUTERS: dict[str, Callable[[Options], Router]] = {
+    "least_loaded": lambda o: LeastLoaded(),
+    "fewest_tokens": lambda o: FewestTokens(_budget(o)),
+    "cost_aware": lambda o: CostAware(_budget(o), float(o.get("move_margin", 1.0))),
+    "seer": lambda o: SeerRouter(
+        max_move_s=float(o.get("max_move_s", 2.0)), prefill_tok_s=float(o.get("prefill_tok_s", 2000.0))
+    ),
+    "group_bound": lambda o: GroupBound(),
+}
+ADMISSIONS: dict[str, Callable[[Options], Admission]] = {
+    "admit_all": lambda o: AdmitAll(),
+    "thunder": _thunder,
+    "aging": _aging,
+}
+ORDERS: dict[str, Callable[[Options], Order]] = {
+    "fifo": lambda o: FifoOrder(),
+    "seer": lambda o: SeerOrder(starve_s=float(o.get("starve_s", 30.0))),
+}
 # preset name -> (router, admission, order, default tick seconds)
-PRESETS: dict[str, tuple[str, str, str, float | None]] = {"fifo": ("least_loaded", "admit_all", "fifo", None)}
+PRESETS: dict[str, tuple[str, str, str, float | None]] = {
+    "fifo": ("least_loaded", "admit_all", "fifo", None),
+    "thunder": ("fewest_tokens", "thunder", "fifo", 5.0),
+    "rollyard": ("cost_aware", "aging", "fifo", 1.0),
+    "seer": ("seer", "admit_all", "seer", None),
+    "group_bound": ("group_bound", "admit_all", "fifo", None),
+}
+KNOWN_OPTIONS = {
+    "buffer_tokens",
+    "acting_half_life_s",
+    "max_hold_s",
+    "age_s",
+    "reserve_after_s",
+    "min_run_s",
+    "move_margin",
+    "max_move_s",
+    "prefill_tok_s",
+    "starve_s",
+}
 
 
 def policy_names() -> list[str]:
@@ -45,7 +105,10 @@ def order_names() -> list[str]:
 def _pick(kind: str, table: dict[str, Callable[[Options], Any]], name: str, options: Options) -> Any:
     if name not in table:
         raise ConfigError(f"unknown {kind} {name!r}; choose one of: {', '.join(sorted(table))}")
-    return table[name](options)
+    try:
+        return table[name](options)
+    except (TypeError, ValueError) as e:  # a bad option value, named with its part
+        raise ConfigError(f"{kind} {name!r}: {e}") from None
 
 
 def make_policy(
@@ -60,6 +123,11 @@ def make_policy(
     """A preset, with any of its three parts replaced by name; ``options`` go to every part."""
     if name not in PRESETS:
         raise ConfigError(f"unknown scheduling policy {name!r}; choose one of: {', '.join(policy_names())}")
+    unknown = sorted(set(options) - KNOWN_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"unknown scheduling option(s) {unknown}; known: {', '.join(sorted(KNOWN_OPTIONS))}"
+        )
     r, a, o, t = PRESETS[name]
     r, a, o = router or r, admission or a, order or o
     parts = (

@@ -20,6 +20,8 @@ from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["Scheduler"]
 
+_GROUPS_KEPT = 4096  # group length estimates remembered (a run's groups in flight are far fewer)
+
 
 class Scheduler:
     def __init__(self, clock: Clock, policy: Policy | None = None) -> None:
@@ -28,6 +30,7 @@ class Scheduler:
         self.state = SchedState()
         self._open: dict[str, int] = {}  # program id -> requests queued or running
         self._lost: dict[str, str] = {}  # program id -> the dead engine it was unpinned from
+        self._started: dict[str, float] = {}  # request id -> when it started (for service_s)
 
     # engines --------------------------------------------------------------
     def add_engine(self, name: str, capacity: int = 256, kv_capacity_tokens: int = 0) -> EngineView:
@@ -138,14 +141,23 @@ class Scheduler:
         if entry is None:
             return
         request, engine = entry
+        started = self._started.pop(request_id, None)
         view = self.state.engines.get(engine)
         if view is not None:
             view.in_flight -= 1
+            if started is not None:
+                ran = self.clock.now() - started
+                view.service_s = ran if view.service_s <= 0 else 0.8 * view.service_s + 0.2 * ran
         program = self.state.programs.get(request.program_id)
         if program is not None and final:
             program.turns += 1
             if output_tokens is not None:
                 program.output_lengths.append(output_tokens)
+                if program.group_id is not None:
+                    best = self.state.group_longest.get(program.group_id, 0)
+                    self.state.group_longest[program.group_id] = max(best, output_tokens)
+                    if len(self.state.group_longest) > _GROUPS_KEPT:  # oldest group first
+                        del self.state.group_longest[next(iter(self.state.group_longest))]
         self._closed(request.program_id, keep_reasoning=not final)
 
     def dispatch(self) -> list[Start | Move]:
@@ -166,7 +178,6 @@ class Scheduler:
                 engine = router.place(program, self.state, now)
                 if engine is None:
                     continue
-                moved_from = self._lost.pop(program.id, None)
                 program.engine = engine
             else:
                 move = router.reroute(program, r, self.state, now)
@@ -177,8 +188,10 @@ class Scheduler:
             view = self.state.engines[engine]
             if view.free <= 0:
                 continue  # sticky: wait for its own engine
+            moved_from = moved_from or self._lost.pop(program.id, None)
             view.in_flight += 1
             self.state.running[r.request_id] = (r, engine)
+            self._started[r.request_id] = now
             started.add(r.request_id)
             program.waiting_since = None
             prio = order.priority(r, self.state, now)
@@ -188,20 +201,28 @@ class Scheduler:
         return out
 
     def tick(self) -> list[Pause | Restore]:
-        """Ask the admission policy who runs now and apply its pauses and restores."""
+        """Ask the admission policy who runs now, apply its pauses and restores, return those applied."""
         now = self.clock.now()
-        decisions = self.policy.admission.tick(self.state, now)
-        for d in decisions:
+        applied: list[Pause | Restore] = []
+        for d in self.policy.admission.tick(self.state, now):
             program = self.state.programs.get(d.program_id)
-            if program is None:
+            if program is None or program.state.is_over:
                 continue
             if isinstance(d, Pause):
+                if program.paused:
+                    continue
                 program.state, program.paused_at = ProgramState.PAUSED, now
                 program.pauses += 1
             else:
-                program.state, program.paused_at = ProgramState.ACTIVE, None
+                target = self.state.engines.get(d.engine)
+                if target is None or not target.healthy:
+                    continue
+                if program.engine is not None and program.engine != d.engine:
+                    self._lost[program.id] = program.engine  # its next Start says where it came from
+                program.state, program.paused_at, program.restored_at = ProgramState.ACTIVE, None, now
                 program.engine = d.engine
-        return decisions
+            applied.append(d)
+        return applied
 
     # phase bookkeeping ----------------------------------------------------
     def _opened(self, view: ProgramView) -> None:

@@ -35,6 +35,7 @@ class ProgramView:
     waiting_since: float | None = None  # submit time of its queued or held request
     acting_since: float | None = None  # when its last request ended (for token decay)
     paused_at: float | None = None
+    restored_at: float | None = None
     turns: int = 0
     output_lengths: deque[int] = field(default_factory=lambda: deque(maxlen=_HISTORY))
     pauses: int = 0
@@ -57,6 +58,7 @@ class EngineView:
     waiting: int = 0  # requests queued inside the engine (vLLM's num_requests_waiting)
     prefill_tok_s: float = 0.0  # measured estimate; 0 = unknown
     decode_tok_s: float = 0.0
+    service_s: float = 0.0  # mean seconds a request runs here (measured by the scheduler); 0 = unknown
 
     @property
     def free(self) -> int:
@@ -83,6 +85,8 @@ class SchedState:
     programs: dict[str, ProgramView] = field(default_factory=dict)
     queue: deque[Request] = field(default_factory=deque)
     running: dict[str, tuple[Request, str]] = field(default_factory=dict)  # request id -> (request, engine)
+    # group id -> the longest output any of its finished requests produced (kept after a program ends)
+    group_longest: dict[str, int] = field(default_factory=dict)
 
     def programs_on(self, engine: str) -> list[ProgramView]:
         return [p for p in self.programs.values() if p.engine == engine and not p.state.is_over]

@@ -1,0 +1,282 @@
+"""One simulated inference engine: vLLM's continuous batching, chunked prefill, KV blocks,
+prefix cache, and preemption with recompute, with step times from an ``EngineProfile``.
+
+Each step follows vLLM v1's scheduler: running requests first (a decode token each, or the
+next chunk of an unfinished prefill), within a token budget; a running request that cannot
+get a new KV block preempts the most recently admitted running request (which frees all its
+blocks and goes back to the front of the waiting queue, to be recomputed later: its prompt
+and the tokens it had generated are prefilled again, from the prefix cache where the blocks
+were not yet evicted); then, if nothing was preempted, waiting requests in order while their
+blocks fit. Runs of pure decode steps in which nothing can change (no request finishes, none
+needs a block that is not there, none is waiting that could be admitted) are taken as one
+event of k steps; an arrival cuts such a run short at the step under way, so the result is
+the same as stepping one by one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from rollyard.sim.kv import BlockPool
+from rollyard.sim.profile import EngineProfile
+
+__all__ = ["EngineRequest", "SimEngine"]
+
+MAX_RUN = 256  # longest run of decode steps taken as one event (bounds KV-reading staleness)
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    request_id: str
+    program_id: str
+    prompt_tokens: int
+    max_tokens: int
+    arrived: float
+    target: int = 0  # tokens to compute before the next output token (prompt, or more on recompute)
+    computed: int = 0  # tokens whose KV exists
+    generated: int = 0
+    blocks: int = 0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (all admissions)
+
+    def __post_init__(self) -> None:
+        self.target = self.prompt_tokens
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.target
+
+
+@dataclass
+class _Run:
+    """The step (or run of k decode steps) under way."""
+
+    start: float
+    end: float
+    k: int  # decode steps in a run; 0 for a general step
+    batch: list[tuple[EngineRequest, int]]  # general step: (request, tokens this step)
+    n: int = 0
+    attn0: int = 0  # sum of computed tokens over the run's requests at its start
+
+
+class SimEngine:
+    def __init__(self, name: str, profile: EngineProfile) -> None:
+        self.name = name
+        self.profile = profile
+        self.kv = BlockPool(profile.num_blocks, profile.block_size)
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.run: _Run | None = None
+        self.version = 0  # bumped when the run under way is replaced; stale step events are ignored
+        self.healthy = True
+        self.busy_s = 0.0
+        self.steps = 0
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+        self.output_tokens = 0
+        self.prefill_done = 0  # prompt tokens computed (not from cache), as vLLM's prefill counters
+        self.prefill_s = 0.0  # step time spent on them (a mixed step's time split by token share)
+
+    # ---- the driver's calls ----------------------------------------------------------------
+    def add(self, request: EngineRequest, now: float) -> float | None:
+        """Queue a request; returns the new end of a decode run it cut short (None: unchanged).
+
+        An idle engine does not start here: the driver calls ``plan`` once every request
+        that arrived at this instant is queued, so they share the first step, as in vLLM."""
+        self.waiting.append(request)
+        self.prompt_tokens += request.prompt_tokens
+        if self.run is not None and self.run.k > 1:
+            return self._cut(now)
+        return None
+
+    def plan(self, now: float) -> float | None:
+        """Start the next step if there is work; returns when it ends."""
+        if not self.healthy or (not self.running and not self.waiting):
+            self.run = None
+            return None
+        run = self._decode_run(now) or self._general_step(now)
+        self.run = run
+        self.version += 1
+        return run.end if run is not None else None
+
+    def finish(self, now: float) -> list[EngineRequest]:
+        """The step under way ended at ``now``: apply it; returns the requests that finished."""
+        run = self.run
+        assert run is not None
+        self.busy_s += run.end - run.start
+        done: list[EngineRequest] = []
+        if run.k:
+            self.steps += run.k
+            self.output_tokens += run.k * len(self.running)
+            for r in self.running:
+                r.computed += run.k
+                r.generated += run.k
+                if r.generated >= r.max_tokens:
+                    done.append(r)
+        else:
+            self.steps += 1
+            pre = sum(n for r, n in run.batch if r.computed < r.target)
+            if pre:
+                self.prefill_done += pre
+                self.prefill_s += (run.end - run.start) * pre / sum(n for _, n in run.batch)
+            for r, ntok in run.batch:
+                r.computed += ntok
+                if r.computed >= r.target:
+                    r.generated += 1
+                    self.output_tokens += 1
+                    if r.first_token_at is None:
+                        r.first_token_at = now
+                    if r.generated >= r.max_tokens:
+                        done.append(r)
+        for r in done:
+            r.finished_at = now
+            self.running.remove(r)
+            self.kv.release(r.program_id, r.blocks, r.computed)
+            r.blocks = 0
+        self.run = None
+        return done
+
+    def fail(self) -> list[EngineRequest]:
+        """The engine died: every request on it is lost, and so is its cache."""
+        lost = [*self.running, *self.waiting]
+        self.running.clear()
+        self.waiting.clear()
+        self.kv.drop_all()
+        self.run = None
+        self.version += 1
+        self.healthy = False
+        return lost
+
+    # ---- scheduling ------------------------------------------------------------------------
+    def _decode_run(self, now: float) -> _Run | None:
+        """k decode steps as one event, when nothing can change before they end."""
+        if not self.running:
+            return None
+        for r in self.running:
+            if r.computed < r.target:
+                return None  # a chunked prefill is under way
+        room = len(self.running) < self.profile.max_num_seqs
+        if self.waiting and room and self._admissible(self.waiting[0]):
+            return None
+        n = len(self.running)
+        if n >= self.profile.max_batched_tokens:
+            return None
+        k = min(MAX_RUN, min(r.max_tokens - r.generated for r in self.running))
+        k = self._kv_steps(k)
+        if k < 1:
+            return None  # someone needs a block that is not there: a general step preempts
+        attn0 = sum(r.computed for r in self.running)
+        run = _Run(now, now, k, [], n, attn0)
+        run.end = now + self._run_s(run, k)
+        return run
+
+    def _run_s(self, run: _Run, j: int) -> float:
+        p, n = self.profile, run.n
+        attn = j * run.attn0 + n * j * (j + 1) / 2
+        return j * (p.overhead_s + p.per_token_s * n + p.per_seq_s * n) + p.decode_attn_s * attn
+
+    def _kv_steps(self, k: int) -> int:
+        """The most decode steps (<= k) whose new blocks fit."""
+        bs, avail = self.kv.block_size, self.kv.available
+        room = [r.blocks * bs - r.computed for r in self.running]  # tokens left in held blocks
+
+        def need(j: int) -> int:
+            return sum(-(-(j - o) // bs) for o in room if j > o)
+
+        if need(k) <= avail:
+            return k
+        lo, hi = 0, k  # need(lo) fits, need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if need(mid) <= avail else (lo, mid)
+        return lo
+
+    def _admissible(self, r: EngineRequest) -> bool:
+        """Would the waiting head get the blocks for its first chunk now?"""
+        bs = self.kv.block_size
+        hit = min(self.kv.cached_for(r.program_id), max(0, r.target - 1) // bs)
+        chunk = min(r.target - hit * bs, max(1, self.profile.max_batched_tokens - len(self.running)))
+        return self.kv.blocks_for(hit * bs + chunk) - hit <= self.kv.available - hit
+
+    def _cut(self, now: float) -> float | None:
+        """Shorten the decode run under way to the step in progress at ``now``."""
+        run = self.run
+        assert run is not None
+        lo, hi = 1, run.k  # the first j whose end is at or after now
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if run.start + self._run_s(run, mid) >= now else (mid + 1, hi)
+        if lo >= run.k:
+            return None
+        run.k = lo
+        run.end = run.start + self._run_s(run, lo)
+        self.version += 1
+        return run.end
+
+    def _general_step(self, now: float) -> _Run | None:
+        p, kv = self.profile, self.kv
+        bs, budget = kv.block_size, p.max_batched_tokens
+        batch: list[tuple[EngineRequest, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            r = self.running[i]
+            ntok = min(r.target - r.computed, budget) if r.computed < r.target else 1
+            need = -(-(r.computed + ntok) // bs) - r.blocks
+            gone = False
+            while need > 0 and not gone and not kv.allocate(need):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted, gone = True, victim is r
+            if gone:
+                break  # it was the last one admitted: it preempted itself
+            if need > 0:
+                r.blocks += need
+            batch.append((r, ntok))
+            budget -= ntok
+            i += 1
+        while not preempted and self.waiting and len(self.running) < p.max_num_seqs and budget > 0:
+            r = self.waiting[0]
+            if r.computed == 0:
+                hit = kv.hit(r.program_id, r.target)
+                r.computed, r.blocks = hit, hit // kv.block_size
+                r.cached_tokens += hit
+                self.hit_tokens += hit
+            ntok = min(r.target - r.computed, budget)
+            need = kv.blocks_for(r.computed + ntok) - r.blocks
+            if not kv.allocate(need):
+                self.hit_tokens -= r.computed  # the hit is given back with the blocks
+                r.cached_tokens -= r.computed
+                kv.release(r.program_id, r.blocks, r.computed)
+                r.computed = r.blocks = 0
+                break
+            r.blocks += need
+            self.waiting.popleft()
+            self.running.append(r)
+            batch.append((r, ntok))
+            budget -= ntok
+        if not batch:
+            return None
+        tokens = decode_ctx = pairs = 0.0
+        for r, n in batch:
+            tokens += n
+            if r.computed < r.target:
+                pairs += n * (r.computed + (n + 1) / 2)
+            else:
+                decode_ctx += r.computed + 1
+        return _Run(now, now + p.step_s(int(tokens), len(batch), decode_ctx, pairs), 0, batch)
+
+    def _preempt(self, r: EngineRequest) -> None:
+        """vLLM's recompute preemption: free every block, back to the front of the queue."""
+        self.kv.release(r.program_id, r.blocks, r.computed)
+        self.recomputed_tokens += r.computed
+        self.preemptions += 1
+        r.preemptions += 1
+        r.blocks = r.computed = 0
+        r.target = r.prompt_tokens + r.generated
+        self.waiting.appendleft(r)

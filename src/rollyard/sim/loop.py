@@ -1,0 +1,393 @@
+"""The discrete-event loop: simulated engines and agent programs around the live ``Scheduler``.
+
+The simulator is the gateway's ``EnginePool`` with the network taken out: a turn is
+``Scheduler.submit``; every ``Start`` that ``dispatch`` returns puts the request on its engine;
+a finished request is ``complete`` then ``observe`` (the context the turn reached); the
+admission policy's ``tick`` runs every ``policy.tick_s`` and engine stats are fed through
+``update_engine`` every ``poll_s``, as the gateway polls vLLM's ``/metrics``. Only the clock
+is fake, so a policy object behaves here exactly as it does behind the gateway.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollyard.core.clock import FakeClock
+from rollyard.core.errors import ConfigError
+from rollyard.rl.buffer import WindowedFifo
+from rollyard.sched import Move, Pause, Policy, Restore, Scheduler, Start
+from rollyard.sim.engine import EngineRequest, SimEngine
+from rollyard.sim.profile import EngineProfile
+from rollyard.sim.stats import SimStats
+from rollyard.sim.workload import ProgramPlan, RLMode, Workload
+
+__all__ = ["SimResult", "Simulation"]
+
+STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED, ARRIVE, KICK = range(9)
+STALL_S = 86400.0  # simulated time with only polls and ticks after which a run is declared stuck
+
+
+@dataclass
+class _Program:
+    plan: ProgramPlan
+    turn: int = 0
+    attempt: int = 0
+    started: float = 0.0
+    submitted: float = 0.0  # the current turn's first submit
+    outputs: int = 0
+    turn_out: int = 0  # tokens of the current turn generated so far (divided rollout: earlier chunks)
+    chunk: int = 0
+    ask: tuple[int, int] = (0, 0)  # the request in flight: (prompt tokens, max tokens)
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    profile: str
+    engines: int
+    summary: dict[str, Any]
+    stats: SimStats
+    decisions: list[tuple[float, Any]] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        profile: EngineProfile,
+        *,
+        record: bool = False,
+        plans: list[ProgramPlan] | None = None,
+    ) -> None:
+        """``plans`` replaces the workload's drawn programs (a trace recorded from a live run)."""
+        if workload.max_context > profile.max_model_len:
+            raise ConfigError(
+                f"workload max_context {workload.max_context} exceeds the profile's max_model_len "
+                f"{profile.max_model_len}"
+            )
+        self.workload, self.policy, self.profile = workload, policy, profile
+        self.clock = FakeClock()
+        self.sched = Scheduler(self.clock, policy)
+        self.engines: dict[str, SimEngine] = {}
+        for i in range(workload.engines):
+            name = f"e{i}"
+            self.engines[name] = SimEngine(name, profile)
+            self.sched.add_engine(name, workload.gateway_capacity, profile.kv_tokens)
+        self.stats = SimStats()
+        self.record = record
+        self.decisions: list[tuple[float, Any]] = []
+        self._heap: list[tuple[float, int, int, Any, Any]] = []
+        self._seq = itertools.count()
+        self._programs: dict[str, _Program] = {}
+        self._running: dict[str, tuple[str, str]] = {}  # request id -> (program, engine)
+        groups: dict[str, list[ProgramPlan]] = {}
+        plans = plans if plans is not None else workload.plans()
+        for plan in plans:
+            groups.setdefault(plan.group_id, []).append(plan)
+        self._pending: deque[list[ProgramPlan]] = deque(groups.values())
+        self._live = 0  # programs started and not finished
+        self._done = 0
+        self._total = len(plans)
+        self.buffer = WindowedFifo(workload.rl.buffer, self.clock)
+        self._version = 0
+        self._training = False
+        self._batch_units: set[str] = set()
+        self._idle_since = 0.0
+        self._step_groups: set[str] = set()
+        self._prefill_seen: dict[str, tuple[int, float]] = {}  # sync mode: the groups of the step under way
+
+    # ---- events ------------------------------------------------------------------------------
+    def _at(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, a, b))
+
+    def run(self) -> SimResult:
+        wall = time.perf_counter()
+        self._launch()
+        if self.policy.tick_s:
+            self._at(self.policy.tick_s, TICK)
+        self._at(0.0, POLL)
+        for f in self.workload.failures:
+            self._at(f.at_s, FAIL, f"e{f.engine}", f.down_s)
+        events, progress = 0, 0.0
+        while self._heap and self._done < self._total:
+            t, _, kind, a, b = heapq.heappop(self._heap)
+            self.clock.advance(t - self.clock.now())
+            events += 1
+            if kind not in (POLL, TICK):
+                progress = t
+            elif t - progress > STALL_S:
+                break  # only the periodic events are left: nothing will ever finish
+            if kind == STEP:
+                if not self._on_step(a, b):
+                    continue  # nothing ended: no start can have become possible
+            elif kind == SUBMIT:
+                self._submit(a)
+            elif kind == TICK:
+                self._on_tick()
+            elif kind == POLL:
+                self._on_poll()
+            elif kind == FAIL:
+                self._on_fail(a, b)
+            elif kind == RECOVER:
+                self._on_recover(a)
+            elif kind == TRAINED:
+                self._on_trained()
+            elif kind == ARRIVE:
+                self._arrive(a, b)
+                continue
+            elif kind == KICK:
+                self._kick(a)
+                continue
+            self._pump()
+        if self._done < self._total:
+            raise RuntimeError(f"simulation stalled with {self._total - self._done} programs unfinished")
+        makespan = self.clock.now()
+        summary = self.stats.summary(makespan, list(self.engines.values()))
+        summary["events"] = events
+        summary["wall_s"] = time.perf_counter() - wall
+        return SimResult(
+            self.workload.name,
+            self.policy.name,
+            self.profile.name,
+            len(self.engines),
+            summary,
+            self.stats,
+            self.decisions,
+        )
+
+    # ---- programs ----------------------------------------------------------------------------
+    def _launch(self) -> None:
+        """Start groups: while the concurrency allows (serving, async RL), or a step's worth (sync)."""
+        w = self.workload
+        if w.rl.mode is RLMode.SYNC:
+            if self._step_groups or self._training:
+                return
+            for _ in range(min(w.rl.batch_groups, len(self._pending))):
+                group = self._pending.popleft()
+                self._step_groups.add(group[0].group_id)
+                self._start_group(group)
+            return
+        limit = w.concurrency or self._total
+        while self._pending and self._live + len(self._pending[0]) <= limit:
+            self._start_group(self._pending.popleft())
+
+    def _start_group(self, group: list[ProgramPlan]) -> None:
+        now = self.clock.now()
+        for plan in group:
+            self._live += 1
+            self._programs[plan.id] = _Program(plan, started=now)
+            self.sched.register(plan.id, plan.group_id, plan.group_size, plan.turns[0].prompt_tokens)
+            if self.workload.rl.mode is not RLMode.NONE:
+                self.buffer.submit(
+                    plan.id, group_id=plan.group_id, group_size=plan.group_size, policy_version=self._version
+                )
+            self._submit(plan.id)
+
+    def _submit(self, pid: str) -> None:
+        """Submit the program's next request: its turn, or under divided rollout (``divide_tokens``,
+        the gateway's ``--divide-tokens``) the turn's next chunk, which continues the last one."""
+        p = self._programs[pid]
+        turn = p.plan.turns[p.turn]
+        rid = f"{pid}.{p.turn}.{p.chunk}.{p.attempt}"
+        if p.turn_out == 0:
+            p.submitted = self.clock.now()
+        left = turn.output_tokens - p.turn_out
+        divide = self.workload.divide_tokens
+        p.ask = (turn.prompt_tokens + p.turn_out, min(left, divide) if divide else left)
+        self.sched.submit(rid, pid, p.ask[0], p.ask[1], p.chunk)
+
+    def _pump(self) -> None:
+        """Carry out ``dispatch`` as the gateway's ``EnginePool._pump`` does."""
+        now = self.clock.now()
+        for d in self.sched.dispatch():
+            if self.record:
+                self.decisions.append((now, d))
+            if isinstance(d, Move):
+                self.stats.moves += 1
+                continue
+            assert isinstance(d, Start)
+            p = self._programs[d.program_id]
+            engine = self.engines[d.engine]
+            self._running[d.request_id] = (d.program_id, d.engine)
+            self.stats.queue_wait.append(d.waited_s)
+            req = EngineRequest(d.request_id, d.program_id, p.ask[0], p.ask[1], now)
+            self._at(now + self.profile.request_s, ARRIVE, engine, req)
+
+    def _arrive(self, engine: SimEngine, req: EngineRequest) -> None:
+        """A started request reaches its engine (``request_s`` after the Start: the HTTP hop)."""
+        now = self.clock.now()
+        if not engine.healthy:
+            self._lost(engine, [req])
+            return
+        req.arrived = now
+        end = engine.add(req, now)
+        if end is not None:
+            self._at(end, STEP, engine.name, engine.version)
+        elif engine.run is None:
+            self._at(now, KICK, engine)  # after every arrival of this instant: they share a step
+
+    def _kick(self, engine: SimEngine) -> None:
+        if engine.run is None and engine.healthy:
+            end = engine.plan(self.clock.now())
+            if end is not None:
+                self._at(end, STEP, engine.name, engine.version)
+
+    def _on_step(self, name: str, version: int) -> bool:
+        """Apply an engine step that ended; True when a request finished."""
+        engine = self.engines[name]
+        if version != engine.version or engine.run is None:
+            return False  # replaced by a shortened run, or the engine died
+        now = self.clock.now()
+        finished = engine.finish(now)
+        end = engine.plan(now)
+        if end is not None:
+            self._at(end, STEP, name, engine.version)
+        for r in finished:
+            self._finished(r, now)
+        return bool(finished)
+
+    def _finished(self, r: EngineRequest, now: float) -> None:
+        self._running.pop(r.request_id, None)
+        p = self._programs[r.program_id]
+        turn = p.plan.turns[p.turn]
+        if p.turn_out == 0 and r.first_token_at is not None:
+            self.stats.ttft.append(r.first_token_at - p.submitted)
+        p.turn_out += r.generated
+        self.stats.output_tokens += r.generated
+        p.outputs += r.generated
+        p.attempt = 0
+        if p.turn_out < turn.output_tokens:  # a divided turn's chunk: the next one follows at once
+            self.sched.complete(r.request_id, r.generated, final=False)
+            p.chunk += 1
+            self._submit(r.program_id)
+            return
+        self.sched.complete(r.request_id, p.turn_out)
+        self.sched.observe(r.program_id, context_tokens=turn.prompt_tokens + p.turn_out)
+        self.stats.request_latency.append(now - p.submitted)
+        p.turn += 1
+        p.turn_out = p.chunk = 0
+        if p.turn < len(p.plan.turns):
+            self._at(now + turn.tool_s, SUBMIT, r.program_id)
+            return
+        self._program_done(p, now)
+
+    def _program_done(self, p: _Program, now: float) -> None:
+        self.sched.forget(p.plan.id)
+        self._live -= 1
+        self._done += 1
+        self.stats.program_latency.append(now - p.started)
+        self.stats.program_end.append(now)
+        mode = self.workload.rl.mode
+        if mode is not RLMode.NONE:
+            self.buffer.complete(p.plan.id, length=p.outputs)
+        if mode is RLMode.SYNC:
+            gid = p.plan.group_id
+            if gid in self._step_groups and not any(
+                q.plan.group_id == gid and q.turn < len(q.plan.turns) for q in self._programs.values()
+            ):
+                self._step_groups.discard(gid)
+        del self._programs[p.plan.id]
+        if mode is not RLMode.NONE:
+            self._train()
+        self._launch()
+
+    # ---- the trainer -------------------------------------------------------------------------
+    def _train(self) -> None:
+        """Take finished groups through the buffer; train once a batch is full (or, in sync
+        mode, once the step's groups are all in)."""
+        if self._training:
+            return
+        rl = self.workload.rl
+        got = self.buffer.release(self._version, rl.batch_groups)
+        for item in got.items:
+            self._batch_units.add(item.group_id or item.item_id)
+            self.stats.staleness.append(item.staleness)
+        self.stats.dropped += len(got.dropped)
+        if not self._batch_units:
+            return
+        step_over = rl.mode is RLMode.SYNC and not self._step_groups
+        full = len(self._batch_units) >= rl.batch_groups
+        if full or step_over or self._done >= self._total:
+            now = self.clock.now()
+            self.stats.trainer_idle_s += now - self._idle_since
+            self._training = True
+            self._batch_units = set()
+            self._at(now + rl.train_s, TRAINED)
+
+    def _on_trained(self) -> None:
+        self._training = False
+        self._version += 1
+        self.stats.trainer_steps += 1
+        self._idle_since = self.clock.now()
+        self._train()
+        self._launch()
+
+    # ---- the gateway's periodic work ---------------------------------------------------------
+    def _on_tick(self) -> None:
+        now = self.clock.now()
+        for d in self.sched.tick():
+            if self.record:
+                self.decisions.append((now, d))
+            if isinstance(d, Pause):
+                self.stats.pauses += 1
+            elif isinstance(d, Restore):
+                self.stats.hold_s.append(d.held_s)
+        assert self.policy.tick_s
+        self._at(now + self.policy.tick_s, TICK)
+
+    def _on_poll(self) -> None:
+        now = self.clock.now()
+        usages = []
+        for name, e in self.engines.items():
+            if e.healthy:
+                usages.append(e.kv.usage)
+                self.sched.update_engine(
+                    name, kv_usage=e.kv.usage, waiting=len(e.waiting), prefill_tok_s=self._prefill_rate(e)
+                )
+        paused = sum(1 for v in self.sched.state.programs.values() if v.paused)
+        mean = sum(usages) / len(usages) if usages else 0.0
+        self.stats.series.append(
+            (now, mean, max(usages, default=0.0), self._live - paused, paused, self.stats.output_tokens)
+        )
+        self._at(now + self.workload.poll_s, POLL)
+
+    def _prefill_rate(self, e: SimEngine) -> float | None:
+        """Prefill tokens/s since the last poll, smoothed as ``EnginePool._prefill_rate`` does."""
+        before = self._prefill_seen.get(e.name)
+        self._prefill_seen[e.name] = (e.prefill_done, e.prefill_s)
+        if before is None or e.prefill_s <= before[1] or e.prefill_done <= before[0]:
+            return None
+        sample = (e.prefill_done - before[0]) / (e.prefill_s - before[1])
+        old = self.sched.state.engines[e.name].prefill_tok_s
+        return sample if old <= 0 else 0.7 * old + 0.3 * sample
+
+    def _on_fail(self, name: str, down_s: float) -> None:
+        """An engine dies: its requests error out, the clients retry, the scheduler re-routes."""
+        now = self.clock.now()
+        engine = self.engines[name]
+        self._lost(engine, engine.fail())
+        self.sched.update_engine(name, healthy=False)
+        if math.isfinite(down_s):
+            self._at(now + down_s, RECOVER, name)
+
+    def _lost(self, engine: SimEngine, requests: list[EngineRequest]) -> None:
+        """Requests that died with their engine: errors to their clients, which retry."""
+        now = self.clock.now()
+        for r in requests:
+            self._running.pop(r.request_id, None)
+            self.sched.complete(r.request_id)
+            self.stats.failed_requests += 1
+            self._programs[r.program_id].attempt += 1
+            self._at(now + self.workload.retry_s, SUBMIT, r.program_id)
+
+    def _on_recover(self, name: str) -> None:
+        self.engines[name].healthy = True
+        self.sched.update_engine(name, healthy=True, kv_usage=0.0)

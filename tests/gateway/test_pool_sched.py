@@ -1,0 +1,76 @@
+"""The EnginePool shell around a pausing policy: it feeds engine stats into the views,
+carries out pauses and restores, holds paused programs' requests, and counts it all."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollyard.core.clock import FakeClock
+from rollyard.engines.base import EngineStats
+from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.pool import EnginePool
+from rollyard.sched import Pause, Restore, Scheduler, make_policy
+
+
+class StatsOnly:
+    """A backend that only answers ``stats`` (the pool never generates)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.max_model_len = name, 4096
+        self.stats_now = EngineStats()
+
+    async def stats(self) -> EngineStats:
+        return self.stats_now
+
+    async def aclose(self) -> None: ...
+
+
+def sample(metrics: GatewayMetrics, name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_refresh_feeds_kv_capacity_queue_and_measured_prefill_rate() -> None:
+    async def go() -> None:
+        b = StatsOnly("e")
+        pool = EnginePool({"e": b}, Scheduler(FakeClock(), make_policy("rollyard")), GatewayMetrics())
+        b.stats_now = EngineStats(kv_capacity_tokens=4096, waiting=3, prefill_tokens=100, prefill_s=1.0)
+        await pool.refresh()
+        b.stats_now = EngineStats(kv_capacity_tokens=4096, waiting=3, prefill_tokens=1100, prefill_s=3.0)
+        await pool.refresh()
+        e = pool.scheduler.state.engines["e"]
+        assert (e.kv_capacity_tokens, e.waiting, e.prefill_tok_s) == (4096, 3, 500.0)
+
+    asyncio.run(go())
+
+
+def test_pauses_hold_requests_and_restores_release_them_with_metrics() -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        metrics = GatewayMetrics()
+        b = StatsOnly("e")
+        b.stats_now = EngineStats(kv_capacity_tokens=1000)
+        pool = EnginePool({"e": b}, Scheduler(clock, make_policy("thunder", buffer_tokens=0)), metrics)
+        await pool.refresh()
+        seen: list[Pause | Restore] = []
+        pool.on_decision(seen.append)
+        first = await pool.acquire("p", 600)
+        pool.release(first, 5)
+        pool.scheduler.observe("p", context_tokens=1200)  # its context grew past the engine's KV
+        assert pool.tick() == [Pause("p", "e")]
+        held = asyncio.ensure_future(pool.acquire("p", 1200))
+        await asyncio.sleep(0)
+        assert not held.done()
+        pool.observe_metrics()  # what GET /metrics does
+        assert sample(metrics, "rollyard_sched_programs", {"state": "paused", "phase": "reasoning"}) == 1
+        pool.scheduler.observe("p", context_tokens=900)  # say the agent compacted its context
+        clock.advance(5)
+        assert pool.tick() == [Restore("p", "e", 5.0)]
+        start = await asyncio.wait_for(held, 1)
+        assert start.waited_s == 5.0
+        assert seen == [Pause("p", "e"), Restore("p", "e", 5.0)]
+        assert sample(metrics, "rollyard_sched_pauses_total") == 1
+        assert sample(metrics, "rollyard_sched_restores_total") == 1
+        assert sample(metrics, "rollyard_sched_hold_seconds_count") == 1
+        assert sample(metrics, "rollyard_sched_active_tokens", {"engine": "e"}) == 900
+
+    asyncio.run(go())

@@ -1,0 +1,28 @@
+"""The calibration fit recovers a known step model from its own timings."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollyard.sim.calibrate import fit
+
+
+def test_fit_recovers_the_step_model_it_was_given() -> None:
+    o, t, d, p, req = 0.01, 2e-4, 3e-6, 1e-7, 0.05
+    decode = [(b, c, o + t * b + d * b * c) for b in (1, 4, 16, 48) for c in (104, 552, 1576)]
+    prefill = [(n, req + o + t * n + p * n * (n + 1) / 2) for n in (16, 128, 512, 1024, 1536)]
+    got = fit(decode, prefill)
+    assert got["overhead_s"] == pytest.approx(o, rel=1e-6)
+    assert got["per_token_s"] == pytest.approx(t, rel=1e-6)
+    assert got["decode_attn_s"] == pytest.approx(d, rel=1e-6)
+    assert got["prefill_attn_s"] == pytest.approx(p, rel=1e-6)
+    assert got["request_s"] == pytest.approx(req, rel=1e-6)
+    assert got["max_rel_err"] < 1e-9
+
+
+def test_a_term_the_timings_contradict_is_dropped_not_negative() -> None:
+    decode = [(b, c, 0.02 + 1e-4 * b) for b in (1, 8, 32) for c in (100, 1000)]
+    prefill = [(n, 0.02 + 1e-4 * n) for n in (16, 256, 1024)]
+    got = fit(decode, prefill)
+    assert min(v for k, v in got.items() if k != "max_rel_err") >= 0.0
+    assert got["per_token_s"] == pytest.approx(1e-4, rel=1e-3)

@@ -1,0 +1,112 @@
+"""The simulated engine: vLLM's recompute preemption on a hand-worked case, prefix reuse,
+and runs of decode steps that give the same times as stepping one by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rollyard.sim import engine as engine_mod
+from rollyard.sim.engine import EngineRequest, SimEngine
+from rollyard.sim.kv import BlockPool
+from rollyard.sim.profile import EngineProfile
+
+
+def profile(**kw: float) -> EngineProfile:
+    base = dict(
+        name="t", overhead_s=1.0, per_token_s=0.0, block_size=4, num_blocks=5,
+        max_num_seqs=8, max_batched_tokens=64, max_model_len=16,
+    )  # fmt: skip
+    base.update(kw)
+    return EngineProfile.model_validate(base)
+
+
+def drive(engine: SimEngine, arrivals: list[tuple[float, EngineRequest]]) -> float:
+    """Run the engine alone until idle, adding requests at their times; returns the end time."""
+    now, pending = 0.0, sorted(arrivals, key=lambda a: a[0])
+    end = None
+    while pending or end is not None:
+        if pending and (end is None or pending[0][0] < end):
+            now = pending[0][0]
+            while pending and pending[0][0] == now:  # simultaneous arrivals share a step
+                new = engine.add(pending.pop(0)[1], now)
+                end = new if new is not None else end
+            if engine.run is None:
+                end = engine.plan(now)
+            continue
+        assert end is not None
+        now = end
+        engine.finish(now)
+        end = engine.plan(now)
+    return now
+
+
+def test_the_last_admitted_request_is_preempted_and_recomputed_from_the_prefix_cache() -> None:
+    # 5 blocks of 4 tokens, every step 1 s. A and B: 7-token prompts, 6 output tokens each.
+    # t0-1 prefill both (2 blocks each, 1 free); t1-2 decode (tokens 8 fit the held blocks);
+    # t2-3 both need a 3rd block, one is free: A takes it, B (admitted last) is preempted,
+    # its 2 full blocks stay cached; t3-6 A decodes alone and finishes (B cannot come back:
+    # its 9-token recompute needs a block beyond its cached 2); t6-7 B re-prefills 1 token
+    # on top of its 8 cached ones (evicting one of A's cached blocks); t7-10 B decodes.
+    e = SimEngine("e", profile())
+    a = EngineRequest("a", "pa", 7, 6, 0.0)
+    b = EngineRequest("b", "pb", 7, 6, 0.0)
+    assert drive(e, [(0.0, a), (0.0, b)]) == 10.0
+    assert (a.finished_at, b.finished_at) == (6.0, 10.0)
+    assert (a.preemptions, b.preemptions) == (0, 1)
+    assert e.preemptions == 1 and e.recomputed_tokens == 8
+    assert b.cached_tokens == 8 and e.hit_tokens == 8
+    assert e.kv.evicted == 1
+    assert a.generated == b.generated == 6
+    assert (a.first_token_at, b.first_token_at) == (1.0, 1.0)
+
+
+def test_a_later_turn_reuses_its_programs_cached_prefix() -> None:
+    e = SimEngine("e", profile(num_blocks=20))
+    first = EngineRequest("t1", "p", 10, 3, 0.0)
+    drive(e, [(0.0, first)])
+    second = EngineRequest("t2", "p", 14, 2, 10.0)  # the first turn's 12 tokens plus a tool result
+    drive(e, [(10.0, second)])
+    assert second.cached_tokens == 12  # 3 full blocks of the first turn's 12 computed tokens
+
+
+def test_lru_eviction_takes_the_least_recently_used_programs_tail() -> None:
+    kv = BlockPool(num_blocks=6, block_size=4)
+    assert kv.allocate(3) and kv.allocate(3)
+    kv.release("old", 3, 12)
+    kv.release("new", 3, 12)
+    assert kv.allocate(2)  # evicts from "old" first
+    assert (kv.cached_for("old"), kv.cached_for("new"), kv.evicted) == (1, 3, 2)
+
+
+def test_an_arrival_cuts_a_decode_run_at_the_step_under_way() -> None:
+    e = SimEngine("e", profile(num_blocks=40))
+    long = EngineRequest("a", "pa", 4, 12, 0.0)
+    late = EngineRequest("b", "pb", 4, 2, 2.5)
+    drive(e, [(0.0, long), (2.5, late)])
+    assert late.first_token_at == 4.0  # admitted when the step running at 2.5 ended, at 3.0
+    assert long.finished_at == 12.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_runs_of_decode_steps_time_like_single_steps(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(seed)
+    prof = profile(
+        overhead_s=0.01, per_token_s=1e-4, decode_attn_s=1e-6, prefill_attn_s=1e-7,
+        num_blocks=60, max_model_len=200, max_batched_tokens=48,
+    )  # fmt: skip
+    specs = [(rng.uniform(0, 3), rng.randint(5, 120), rng.randint(1, 60)) for _ in range(24)]
+
+    def once() -> list[tuple[float | None, float | None, int]]:
+        reqs = [EngineRequest(f"r{i}", f"p{i % 5}", n, m, t) for i, (t, n, m) in enumerate(specs)]
+        drive(SimEngine("e", prof), [(r.arrived, r) for r in reqs])
+        return [(r.first_token_at, r.finished_at, r.preemptions) for r in reqs]
+
+    batched = once()
+    monkeypatch.setattr(engine_mod, "MAX_RUN", 1)
+    stepped = once()
+    assert any(p for *_, p in batched)  # the case does preempt
+    for (f1, e1, p1), (f2, e2, p2) in zip(batched, stepped, strict=True):
+        assert p1 == p2
+        assert f1 == pytest.approx(f2, abs=1e-9) and e1 == pytest.approx(e2, abs=1e-9)
