@@ -20,10 +20,13 @@ from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
 from rollyard.rl.advantages import group_samples
+from rollyard.rl.reward_base import RewardContext
 from rollyard.rl.rewards import score_group, with_rewards
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_evaluate
+from rollyard.rollout.rewarding import reward_context
 from rollyard.rollout.services import Services
+from rollyard.rollout.stats import TERMS, event_counts
 from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
@@ -95,6 +98,7 @@ async def run_program(
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
+        gw.journal.record_events(program.id, res.events)  # the agent's side: tool results, CM
         gw.programs.finish(program.id, state, res.status, res.outcome)
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
             log.warning("program=%s lost its engine; healing and re-running", program.id)
@@ -122,11 +126,22 @@ class GroupRecord:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def score(group_id: str, number: int, task: Task, trajs: list[Trajectory], cfg: Config) -> GroupRecord:
-    """Rewards (configured terms) and group-relative advantages, as trainer samples."""
-    scored = with_rewards(trajs, score_group(trajs, cfg.rewards))
-    trainable = [t for t in scored if t.num_turns > 0]
-    samples = group_samples(trainable, cfg.trainer.advantages) if trainable else []
+def score(
+    group_id: str,
+    number: int,
+    task: Task,
+    trajs: list[Trajectory],
+    cfg: Config,
+    ctx: RewardContext | None = None,
+) -> GroupRecord:
+    """Rewards (configured terms, reading ``ctx``) and group-relative advantages, as trainer
+    samples; reward-to-go gets each trajectory's per-turn rewards."""
+    breakdowns = score_group(trajs, cfg.rewards, ctx)
+    scored = with_rewards(trajs, breakdowns)
+    keep = [i for i, t in enumerate(scored) if t.num_turns > 0]
+    trainable = [scored[i] for i in keep]
+    per_turn = [breakdowns[i].per_turn for i in keep]
+    samples = group_samples(trainable, cfg.trainer.advantages, turn_rewards=per_turn) if trainable else []
     versions = [v for t in scored for v in t.policy_versions]
     rewards = [t.outcome.reward or 0.0 for t in scored if t.outcome]
     return GroupRecord(
@@ -141,6 +156,8 @@ def score(group_id: str, number: int, task: Task, trajs: list[Trajectory], cfg: 
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
             "success": statistics.fmean(1.0 if t.outcome and t.outcome.passed else 0.0 for t in scored),
             "turns": statistics.fmean(t.num_turns for t in scored),
+            **{f"reward_{k}": statistics.fmean(b.terms[k] for b in breakdowns) for k in TERMS},
+            **event_counts(scored),
         },
     )
 
@@ -155,7 +172,8 @@ async def run_group(
     temperature: float,
 ) -> GroupRecord:
     """G programs of one task, concurrently, scored as one group."""
-    trajs = await asyncio.gather(
-        *(run_program(svc, runner, task, group_id, temperature) for _ in range(size))
+    trajs = list(
+        await asyncio.gather(*(run_program(svc, runner, task, group_id, temperature) for _ in range(size)))
     )
-    return score(group_id, number, task, list(trajs), svc.cfg)
+    ctx = await reward_context(svc.judge, task, trajs)
+    return score(group_id, number, task, trajs, svc.cfg, ctx)

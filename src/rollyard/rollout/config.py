@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
@@ -119,6 +120,16 @@ class TasksConfig(_Section):
     validate_tasks: bool = True  # golden passes, no-op fails, before anything runs
 
 
+class ContextSection(_Section):
+    """Context management as an agent action (white-box agent): when the conversation passes
+    ``threshold`` of the engine's context (``engine.max_model_len``), apply ``policy``, tell the
+    model in-context, and start a new segment."""
+
+    policy: PolicyKind
+    threshold: float = Field(default=0.3, gt=0.0, le=1.0)
+    keep: int = Field(default=5, ge=1)  # keep_first_last: the first and last N assistant turns
+
+
 class AgentSection(_Section):
     """The white-box tool loop (in this process), or an unmodified CLI agent run in each program's
     sandbox by a black-box runner profile (a shipped name such as ``openai``, or a YAML path)."""
@@ -130,6 +141,10 @@ class AgentSection(_Section):
     timeout_s: float = Field(default=120.0, gt=0)  # a hung agent is terminated after this
     tool_timeout_s: float = Field(default=20.0, gt=0)
     max_tool_output_chars: int = Field(default=400, ge=64)
+    # whitebox: ``required`` makes every model turn a tool call (the gateway constrains decoding
+    # to one well-formed call; the turn records it), so even a random model acts in its sandbox
+    tool_choice: Literal["auto", "required"] = "auto"
+    context: ContextSection | None = None  # whitebox: context management; None: never compacted
 
 
 class TrainerConfig(TrainConfig):
@@ -222,6 +237,8 @@ class Config(_Section):
                     "agent.kind: blackbox runs on this machine only (the gateway's socket is local); "
                     "unset ray.address"
                 )
+            if self.agent.context is not None or self.agent.tool_choice != "auto":
+                raise ValueError("agent.context and agent.tool_choice configure the whitebox agent only")
             if self.sft.enabled:
                 raise ValueError(
                     "sft demonstrations are white-box tool calls; disable sft with a blackbox agent"

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig, ExitReason, WhiteBoxAgent
 from rollyard.core.errors import RollyardError
+from rollyard.core.events import Event
 from rollyard.core.trajectory import Outcome
 from rollyard.sandbox.base import Sandbox, SandboxProvider
 from rollyard.tasks.evaluate import evaluate
@@ -41,6 +42,7 @@ class EpisodeResult(BaseModel):
     outcome: Outcome
     turns: int = 0
     error: str | None = None
+    events: list[Event] = Field(default_factory=list)  # the agent's (tool results, CM rewrites)
 
     @property
     def engine_failed(self) -> bool:
@@ -55,14 +57,21 @@ def _engine_error(error: str | None) -> bool:
 
 
 async def _whitebox(
-    task: Task, sandbox: Sandbox, base_url: str, api_key: str, agent: AgentConfig, timeout_s: float
+    task: Task,
+    sandbox: Sandbox,
+    base_url: str,
+    api_key: str,
+    agent: AgentConfig,
+    timeout_s: float,
+    events: list[Event],
 ) -> tuple[str, int, str | None]:
+    """Runs the tool loop; its events land in ``events`` as they happen, so a timeout keeps them."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
     try:
         result = await asyncio.wait_for(
-            WhiteBoxAgent(client, agent).run(task.spec.instruction, sandbox), timeout_s
+            WhiteBoxAgent(client, agent).run(task.spec.instruction, sandbox, events=events), timeout_s
         )
     finally:
         await client.close()
@@ -99,22 +108,27 @@ async def act_and_evaluate(
 ) -> EpisodeResult:
     """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace."""
     status, turns, error = "timeout", 0, None
+    events: list[Event] = []
     try:
         if isinstance(agent, BlackBoxRunner):
             status, turns, error = await _blackbox(task, sandbox, api_key, agent, timeout_s)
         else:
-            status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s)
+            status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s, events)
     except TimeoutError:
         log.warning("task=%s agent hung past %.0f s; terminated", task.id, timeout_s)
     except RollyardError as e:
         status, error = "sandbox_error", e.message
     if status == ENGINE_FAILURE:
         return EpisodeResult(
-            status=status, outcome=Outcome(status="error", passed=False), turns=turns, error=error
+            status=status,
+            outcome=Outcome(status="error", passed=False),
+            turns=turns,
+            error=error,
+            events=events,
         )
     try:
         outcome = await evaluate(task, sandbox, provider)
     except RollyardError as e:
         outcome = Outcome(status="error", passed=False, pass_fraction=0.0, details={"error": e.message})
     outcome.details["agent_status"] = status
-    return EpisodeResult(status=status, outcome=outcome, turns=turns, error=error)
+    return EpisodeResult(status=status, outcome=outcome, turns=turns, error=error, events=events)
