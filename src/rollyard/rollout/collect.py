@@ -16,6 +16,7 @@ from typing import Protocol
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.events import Event
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
@@ -23,6 +24,7 @@ from rollyard.rl.advantages import group_samples
 from rollyard.rl.reward_base import RewardContext
 from rollyard.rl.rewards import score_group, with_rewards
 from rollyard.rollout.config import Config
+from rollyard.rollout.environment import ProgramEnvironment, access_events
 from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_evaluate
 from rollyard.rollout.rewarding import reward_context
 from rollyard.rollout.services import Services
@@ -46,9 +48,10 @@ class ProgramRunner(Protocol):
 class LocalRunner:
     """Agents in this process, sandboxes from the run's pool."""
 
-    def __init__(self, svc: Services, timeout_s: float) -> None:
+    def __init__(self, svc: Services, timeout_s: float, env: ProgramEnvironment | None = None) -> None:
         self.svc = svc
         self.timeout_s = timeout_s
+        self.env = env
         self._registered: set[str] = set()
 
     def _register(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
@@ -63,6 +66,8 @@ class LocalRunner:
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
+        if self.env is not None and self.env.active:
+            return await self._run_own(task, program, base_url, agent, self.env)
         self._register(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
@@ -77,6 +82,33 @@ class LocalRunner:
             )
         finally:
             await self.svc.pool.release(program.id)
+
+    async def _run_own(
+        self,
+        task: Task,
+        program: Program,
+        base_url: str,
+        agent: AgentConfig | BlackBoxRunner,
+        env: ProgramEnvironment,
+    ) -> EpisodeResult:
+        """In a sandbox of the program's own (monitored and/or perturbed)."""
+        spec = sandbox_spec(task, self.svc.provider)
+        if isinstance(agent, BlackBoxRunner):
+            spec = agent.spec(spec)
+        events: list[Event] = []
+        clock = self.svc.gateway.gateway.clock
+        async with env.sandbox(task, program, spec, events, clock.now()) as (sb, monitor):
+            return await act_and_evaluate(
+                task,
+                sb,
+                self.svc.provider,
+                base_url=base_url,
+                api_key=program.api_key,
+                agent=agent,
+                timeout_s=self.timeout_s,
+                events=events,
+                after_agent=lambda box: access_events(monitor, box, clock.now()),
+            )
 
 
 async def run_program(

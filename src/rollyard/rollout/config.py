@@ -16,10 +16,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollyard.agents.context import PolicyKind
-from rollyard.core.errors import ConfigError
+from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.rewards import RewardConfig
+from rollyard.sandbox.base import SandboxSpec
+from rollyard.sandbox.perturb import Perturbation, PerturbationRecord
+from rollyard.sandbox.perturb import apply as apply_perturbation
 from rollyard.sched import Policy, make_policy
 from rollyard.train.trainer import TrainConfig
 
@@ -97,6 +100,9 @@ class GatewayConfig(_Section):
 class SandboxConfig(_Section):
     provider: Literal["bwrap", "local"] = "bwrap"
     ahead: int = Field(default=1, ge=0)  # prepared sandboxes per task, ahead of demand
+    # decoy test dirs + access times on test-like files in every program's sandbox (TEST_ACCESS
+    # events, the step's count_test_access); monitored programs get sandboxes of their own
+    monitor_tests: bool = False
 
 
 class TaskSetConfig(_Section):
@@ -114,10 +120,30 @@ class TaskSetConfig(_Section):
         return self
 
 
+class PerturbConfig(_Section):
+    """Break a program's environment on purpose (ROLL): with probability ``prob``, one of
+    ``kinds`` (``dead_mirror``; ``remove_tool`` / ``rename_tool`` with a ``target`` path)."""
+
+    prob: float = Field(default=0.0, ge=0.0, le=1.0)
+    kinds: list[Perturbation] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _applicable(self) -> PerturbConfig:
+        for p in self.kinds:
+            try:
+                apply_perturbation(SandboxSpec(), PerturbationRecord(seed=0, perturbations=[p]))
+            except InvalidRequest as e:
+                raise ValueError(e.message) from None
+        if self.prob > 0 and not self.kinds:
+            raise ValueError("perturb.prob > 0 needs at least one entry in perturb.kinds")
+        return self
+
+
 class TasksConfig(_Section):
     train: TaskSetConfig = Field(default_factory=TaskSetConfig)
     eval: TaskSetConfig | None = None  # held-out tasks; None: no held-out evaluation
     validate_tasks: bool = True  # golden passes, no-op fails, before anything runs
+    perturb: PerturbConfig = Field(default_factory=PerturbConfig)
 
 
 class ContextSection(_Section):
@@ -219,6 +245,12 @@ class Config(_Section):
     def _buffer_groups(self) -> Config:
         if not self.buffer.group_whole:
             raise ValueError("buffer.group_whole must be true: the trainer takes whole groups")
+        return self
+
+    @model_validator(mode="after")
+    def _own_sandboxes_local(self) -> Config:
+        if self.ray.address and (self.sandbox.monitor_tests or self.tasks.perturb.prob > 0):
+            raise ValueError("sandbox.monitor_tests and tasks.perturb run with local workers only")
         return self
 
     @model_validator(mode="after")

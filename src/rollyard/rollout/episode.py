@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +32,8 @@ ENGINE_FAILURE = "engine_unavailable"
 BLACKBOX_EXITED = "exited"  # a black-box agent's process ended with status 0
 BLACKBOX_FAILED = "agent_error"  # ... or with another status
 MODEL_NAME = "policy"  # what the run's gateway serves
+
+AfterAgent = Callable[[Sandbox], Awaitable[list[Event]]]
 
 
 class EpisodeResult(BaseModel):
@@ -105,10 +108,15 @@ async def act_and_evaluate(
     api_key: str,
     agent: AgentConfig | BlackBoxRunner,
     timeout_s: float,
+    events: list[Event] | None = None,
+    after_agent: AfterAgent | None = None,
 ) -> EpisodeResult:
-    """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace."""
+    """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace.
+
+    ``events`` may already hold the environment's own (a perturbation); ``after_agent`` looks at
+    the sandbox once the agent stopped and before evaluation copies it (test-access checks)."""
     status, turns, error = "timeout", 0, None
-    events: list[Event] = []
+    events = [] if events is None else events
     try:
         if isinstance(agent, BlackBoxRunner):
             status, turns, error = await _blackbox(task, sandbox, api_key, agent, timeout_s)
@@ -118,6 +126,8 @@ async def act_and_evaluate(
         log.warning("task=%s agent hung past %.0f s; terminated", task.id, timeout_s)
     except RollyardError as e:
         status, error = "sandbox_error", e.message
+    if after_agent is not None:
+        events += await after_agent(sandbox)
     if status == ENGINE_FAILURE:
         return EpisodeResult(
             status=status,

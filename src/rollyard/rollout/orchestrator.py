@@ -17,6 +17,7 @@ from typing import Any
 from rollyard.core.errors import ConfigError
 from rollyard.rollout.collect import LocalRunner, ProgramRunner
 from rollyard.rollout.config import Config
+from rollyard.rollout.environment import ProgramEnvironment
 from rollyard.rollout.ledger import GroupLedger
 from rollyard.rollout.loop import LoopState, ProgressFn, TrainingLoop
 from rollyard.rollout.prepare import ensure_model, ensure_tasks
@@ -43,7 +44,14 @@ def build_trainer(cfg: Config, model_dir: Path) -> Any:
 async def make_runner(cfg: Config, svc: Services, run: RunDir) -> AsyncIterator[ProgramRunner]:
     """Local agents, or Ray rollout workers when ``ray.address`` is set."""
     if cfg.ray.address is None:
-        yield LocalRunner(svc, cfg.agent.timeout_s)
+        env = ProgramEnvironment(
+            svc.provider,
+            monitor_tests=cfg.sandbox.monitor_tests,
+            perturb_prob=cfg.tasks.perturb.prob,
+            catalogue=list(cfg.tasks.perturb.kinds),
+            seed=cfg.run.seed,
+        )
+        yield LocalRunner(svc, cfg.agent.timeout_s, env)
         return
     from rollyard.rollout.ray_runner import RayRunner
 
