@@ -21,6 +21,7 @@ from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
 from rollyard.rl.advantages import group_samples
+from rollyard.rl.masks import apply_masks
 from rollyard.rl.reward_base import RewardContext
 from rollyard.rl.rewards import score_group, with_rewards
 from rollyard.rollout.config import Config
@@ -33,6 +34,15 @@ from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
 log = logging.getLogger(__name__)
+
+UNRECOVERABLE = {"sandbox_error", "engine_unavailable"}  # the environment failed, not the policy
+
+
+def unrecoverable(t: Trajectory) -> bool:
+    """The program's environment failed under it (or its evaluation did): no signal about the policy."""
+    o = t.outcome
+    return o is not None and (o.status == "error" or o.details.get("agent_status") in UNRECOVERABLE)
+
 
 _CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded", BLACKBOX_EXITED}
 
@@ -174,6 +184,12 @@ def score(
     trainable = [scored[i] for i in keep]
     per_turn = [breakdowns[i].per_turn for i in keep]
     samples = group_samples(trainable, cfg.trainer.advantages, turn_rewards=per_turn) if trainable else []
+    by_id = {t.id: unrecoverable(t) for t in trainable}
+    masked = apply_masks(samples, [by_id[s.trajectory_id] for s in samples], cfg.trainer.masks)
+    left_out = sum(
+        a.num_loss_tokens > 0 and b.num_loss_tokens == 0 for a, b in zip(samples, masked, strict=True)
+    )
+    samples = masked
     versions = [v for t in scored for v in t.policy_versions]
     rewards = [t.outcome.reward or 0.0 for t in scored if t.outcome]
     return GroupRecord(
@@ -190,6 +206,7 @@ def score(
             "turns": statistics.fmean(t.num_turns for t in scored),
             **{f"reward_{k}": statistics.fmean(b.terms[k] for b in breakdowns) for k in TERMS},
             **event_counts(scored),
+            "count_masked_samples": float(left_out),
         },
     )
 

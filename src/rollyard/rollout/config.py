@@ -19,6 +19,7 @@ from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
+from rollyard.rl.masks import StabilityMasks
 from rollyard.rl.rewards import RewardConfig
 from rollyard.sandbox.base import SandboxSpec
 from rollyard.sandbox.perturb import Perturbation, PerturbationRecord
@@ -178,10 +179,11 @@ class TrainerConfig(TrainConfig):
 
     lr: float = Field(default=1e-4, gt=0)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    masks: StabilityMasks = Field(default_factory=StabilityMasks)  # samples left out of the loss
     threads: int = Field(default=2, ge=1)  # torch intra-op threads
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig.model_validate(self.model_dump(exclude={"advantages", "threads"}))
+        return TrainConfig.model_validate(self.model_dump(exclude={"advantages", "masks", "threads"}))
 
 
 class SftConfig(_Section):
