@@ -181,9 +181,11 @@ class TrainerConfig(TrainConfig):
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
     masks: StabilityMasks = Field(default_factory=StabilityMasks)  # samples left out of the loss
     threads: int = Field(default=2, ge=1)  # torch intra-op threads
+    world_size: int = Field(default=1, ge=1)  # data-parallel trainer ranks (gloo on CPU, nccl on GPU)
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig.model_validate(self.model_dump(exclude={"advantages", "masks", "threads"}))
+        local = {"advantages", "masks", "threads", "world_size"}
+        return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
 class SftConfig(_Section):

@@ -9,6 +9,7 @@ published, so the policy version continues where it stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,20 +25,34 @@ from rollyard.rollout.prepare import ensure_model, ensure_tasks
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, make_provider, open_services
 from rollyard.rollout.sft import warm_start
+from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
 
 
-def build_trainer(cfg: Config, model_dir: Path) -> Any:
+def load_policy(model_dir: Path) -> Any:
+    """The policy model in fp32 (a module-level function: spawned trainer ranks call it too)."""
     import torch
     from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def build_trainer(cfg: Config, model_dir: Path) -> Any:
+    """One trainer, or ``trainer.world_size`` data-parallel ranks behind the same face."""
+    import torch
 
     from rollyard.train.trainer import Trainer
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return Trainer(model, cfg.trainer.train_config())
+    if cfg.trainer.world_size > 1:
+        from rollyard.train.ranks import RankGroup
+
+        return RankGroup(
+            functools.partial(load_policy, model_dir), cfg.trainer.train_config(), cfg.trainer.world_size
+        )
+    return Trainer(load_policy(model_dir), cfg.trainer.train_config())
 
 
 @contextlib.asynccontextmanager
@@ -93,6 +108,24 @@ async def train(
     if cfg.sft.enabled:
         start = await warm_start(train_tasks, provider, start, run.root, cfg)
     trainer = build_trainer(cfg, start)
+    try:
+        return await _train(cfg, run, trainer, start, train_tasks, held_out, resume=resume, progress=progress)
+    finally:
+        if hasattr(trainer, "close"):
+            trainer.close()
+
+
+async def _train(
+    cfg: Config,
+    run: RunDir,
+    trainer: Any,
+    start: Path,
+    train_tasks: list[Task],
+    held_out: list[Task],
+    *,
+    resume: bool,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
     weights, state = start, LoopState(step=0, version=0, ledger=GroupLedger())
     if resume and run.has_checkpoint():
         state = _resume_state(run, trainer)
