@@ -252,6 +252,12 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _ipa_chunks(self) -> Config:
+        if self.trainer.loss.kind == "ipa" and self.trainer.advantages.mode != "chunk":
+            raise ValueError("trainer.loss.kind: ipa needs trainer.advantages.mode: chunk (it trains chunks)")
+        return self
+
+    @model_validator(mode="after")
     def _own_sandboxes_local(self) -> Config:
         if self.ray.address and (self.sandbox.monitor_tests or self.tasks.perturb.prob > 0):
             raise ValueError("sandbox.monitor_tests and tasks.perturb run with local workers only")
