@@ -20,7 +20,6 @@ from rollyard.rl.buffer import (
     Released,
     ReleaseRule,
     StaleAction,
-    ThreadSafeBuffer,
     WindowedFifo,
 )
 from rollyard.rl.judge import TranscriptJudge, parse_score
@@ -63,7 +62,6 @@ __all__ = [
     "StaleAction",
     "TermKind",
     "TermSpec",
-    "ThreadSafeBuffer",
     "TranscriptJudge",
     "WindowedFifo",
     "build_samples",

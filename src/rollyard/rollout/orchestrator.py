@@ -100,13 +100,32 @@ async def train(
     cfg: Config, run: RunDir, *, resume: bool = False, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
     """Run (or continue) training; returns the last metrics row."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar per publish: our progress only
+    say = progress or (lambda _row: None)
     if not resume:
         run.create(cfg)
     provider = make_provider(cfg, run.root)
+    say(
+        {
+            "event": "phase",
+            "phase": "tasks",
+            "detail": "generating and validating" if cfg.tasks.validate_tasks else "generating",
+        }
+    )
     train_tasks, held_out = await ensure_tasks(cfg, run.root, provider)
     start = ensure_model(cfg)
     if cfg.sft.enabled:
+        say(
+            {
+                "event": "phase",
+                "phase": "sft",
+                "detail": f"{cfg.sft.demos} demonstrations, {cfg.sft.epochs} epochs",
+            }
+        )
         start = await warm_start(train_tasks, provider, start, run.root, cfg)
+    say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
     trainer = build_trainer(cfg, start)
     try:
         return await _train(cfg, run, trainer, start, train_tasks, held_out, resume=resume, progress=progress)
@@ -143,6 +162,9 @@ async def _train(
     from rollyard.train.publish import WeightPublisher
 
     tokenizer = AutoTokenizer.from_pretrained(start)
+    if progress is not None:
+        where = "attaching" if cfg.engine.urls else f"starting {cfg.engine.count} vLLM engine(s)"
+        progress({"event": "phase", "phase": "engines", "detail": f"{where}, gateway, sandboxes"})
     async with open_services(cfg, run.root, weights, state.version) as svc:
         publisher = WeightPublisher(
             svc.fleet.backends,
