@@ -16,7 +16,6 @@ from rollyard.agents.context import ContextPolicy, Message, apply_policy, estima
 from rollyard.agents.tools import TOOLS, run_tool
 from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.events import ContextRewriteEvent, Event, EventKind, ToolResultEvent
-from rollyard.core.program import Program
 from rollyard.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
@@ -71,11 +70,6 @@ class WhiteBoxAgent:
         self.client = client
         self.config = config
         self.clock = clock or SystemClock()
-
-    @classmethod
-    def for_program(cls, program: Program, base_url: str, config: AgentConfig) -> WhiteBoxAgent:
-        """An agent that talks to the gateway as ``program`` (its own key identifies it)."""
-        return cls(AsyncOpenAI(base_url=base_url, api_key=program.api_key, max_retries=0), config)
 
     def _rewrite(self, messages: list[Message], tokens: int, turn: int, events: list[Event]) -> list[Message]:
         """Apply the context policies; each one that fires is an event and a note to the model."""

@@ -88,7 +88,7 @@ class LocalRunner:
                 base_url=base_url,
                 api_key=program.api_key,
                 agent=agent,
-                timeout_s=self.timeout_s,
+                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
             )
         finally:
             await self.svc.pool.release(program.id)
@@ -115,7 +115,7 @@ class LocalRunner:
                 base_url=base_url,
                 api_key=program.api_key,
                 agent=agent,
-                timeout_s=self.timeout_s,
+                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
                 events=events,
                 after_agent=lambda box: access_events(monitor, box, clock.now()),
             )

@@ -19,7 +19,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock, SystemClock
@@ -47,10 +47,7 @@ class LoopState:
     step: int
     version: int
     ledger: GroupLedger
-    idle_s: float = 0.0
-    train_s: float = 0.0
-    failures: int = 0
-    totals: dict[str, float] = field(default_factory=lambda: {"turns": 0.0, "tokens": 0.0})
+    failures: int = 0  # groups that raised and were dropped
 
 
 class TrainingLoop:
@@ -186,8 +183,6 @@ class TrainingLoop:
         trajs = [t for g in groups for t in g.trajectories]
         write_parquet(self.run_dir.trajectory_file(self.s.step), trajs)
         wall = max(self.clock.now() - last, 1e-9)
-        self.s.idle_s += t1 - t0
-        self.s.train_s += t2 - t1
         tokens = sum(g.completion_tokens for g in groups)
         version = self.s.version
         stats = step_stats([g.stats for g in groups])
@@ -209,6 +204,7 @@ class TrainingLoop:
             **self._judge_counts(),
             "groups": [g.group_id for g in groups],
             "dropped_total": len(self.s.ledger.dropped),
+            "failed_groups_total": self.s.failures,
             "engine_restarts": self.svc.fleet.restarts,
             "time": time.time(),
         }
