@@ -83,6 +83,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         max_model_len=ENGINE_MAX_MODEL_LEN,
         served_name="tiny",
         log_path=log,
+        extra_args=["--logprobs-mode", "processed_logprobs"],  # as a run starts its engines
     ) as server:
         yield server
 

@@ -46,13 +46,14 @@ def build_trainer(cfg: Config, model_dir: Path) -> Any:
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
+    # The trainer's distribution is the sampled one: logits / run.temperature (engines record
+    # logprobs of that same distribution, ``--logprobs-mode processed_logprobs``).
+    train_cfg = cfg.trainer.train_config().model_copy(update={"temperature": max(cfg.run.temperature, 1e-3)})
     if cfg.trainer.world_size > 1:
         from rollyard.train.ranks import RankGroup
 
-        return RankGroup(
-            functools.partial(load_policy, model_dir), cfg.trainer.train_config(), cfg.trainer.world_size
-        )
-    return Trainer(load_policy(model_dir), cfg.trainer.train_config())
+        return RankGroup(functools.partial(load_policy, model_dir), train_cfg, cfg.trainer.world_size)
+    return Trainer(load_policy(model_dir), train_cfg)
 
 
 @contextlib.asynccontextmanager

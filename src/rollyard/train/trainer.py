@@ -44,6 +44,7 @@ class TrainConfig(BaseModel):
     merge: bool = True  # prefix-tree merging; False trains every sample on its own
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
+    temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
 
 
 class Trainer:
@@ -101,7 +102,15 @@ class Trainer:
                 max_context=getattr(self.model.config, "max_position_embeddings", None),  # type: ignore[union-attr]
                 merge=self.config.merge,
             )
-            res = forward_backward(self.model, live, packed, self.config.loss, self.impl, totals=totals)
+            res = forward_backward(
+                self.model,
+                live,
+                packed,
+                self.config.loss,
+                self.impl,
+                totals=totals,
+                temperature=self.config.temperature,
+            )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
         self.parallel.sum_grads(self.params)
         weight = float(local.tokens)
