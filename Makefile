@@ -25,6 +25,7 @@ bench: setup
 lint: setup
 	.venv/bin/ruff check src tests
 	.venv/bin/ruff format --check src tests
+	.venv/bin/vulture src vulture_whitelist.py --min-confidence 60
 
 fmt:
 	.venv/bin/ruff format src tests

@@ -64,8 +64,17 @@ def tiny_model_dir_seed1() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """One real vLLM (CPU build) on the tiny model for the whole session."""
+    """One real vLLM (CPU build) on the tiny model for the whole session.
+
+    ``ROLLYARD_TEST_ENGINE_URL`` points the session at an engine already serving the tiny model
+    as ``tiny`` (started by hand on a loaded machine, where start-up can outlast the timeout)."""
+    from types import SimpleNamespace
+
     from rollyard.engines.launcher import VLLMServer
+
+    if os.environ.get("ROLLYARD_TEST_ENGINE_URL"):
+        yield SimpleNamespace(url=os.environ["ROLLYARD_TEST_ENGINE_URL"].rstrip("/"))
+        return
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(
@@ -74,6 +83,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         max_model_len=ENGINE_MAX_MODEL_LEN,
         served_name="tiny",
         log_path=log,
+        extra_args=["--logprobs-mode", "processed_logprobs"],  # as a run starts its engines
     ) as server:
         yield server
 

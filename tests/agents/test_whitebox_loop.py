@@ -95,7 +95,14 @@ async def test_the_loop_runs_tools_in_the_sandbox_until_submit(provider: Sandbox
     assert (result.turns, result.tool_calls, result.malformed_tool_calls) == (3, 3, 1)
     assert all(s["auth"] == "Bearer sk-prog" for s in seen)
     assert "unknown tool" in seen[1]["messages"][-1]["content"]
-    assert [e.kind for e in result.events] == [EventKind.ERROR, EventKind.TOOL_CALL, EventKind.TOOL_CALL]
+    results = [e.payload for e in result.events]
+    assert [e.kind for e in result.events] == [EventKind.TOOL_RESULT] * 3
+    assert [(r.name, r.malformed, r.is_error, r.exit_code) for r in results] == [
+        ("grep_all", True, True, None),
+        ("bash", False, False, 0),
+        ("submit", False, False, None),
+    ]
+    assert [r.call_id for r in results] == ["call_0", "call_1", "call_2"]
 
 
 async def test_a_context_rewrite_is_applied_and_recorded_as_an_event(provider: SandboxProvider) -> None:
@@ -113,8 +120,10 @@ async def test_a_context_rewrite_is_applied_and_recorded_as_an_event(provider: S
     assert result.exit_reason is ExitReason.FINAL_ANSWER and result.final_answer == "done"
     rewrites = [e for e in result.events if e.kind is EventKind.CONTEXT_REWRITE]
     assert len(rewrites) == 1 and rewrites[0].data["policy"] == "discard_all"
-    assert rewrites[0].turn_index == 1 and rewrites[0].data["messages_after"] == 2
-    assert [m["role"] for m in seen[1]["messages"]] == ["system", "user"]
+    assert rewrites[0].turn_index == 1 and rewrites[0].data["messages_after"] == 3
+    # the history is gone and the model is told so, right after the task
+    assert [m["role"] for m in seen[1]["messages"]] == ["system", "user", "user"]
+    assert seen[1]["messages"][-1]["content"].startswith("[context compacted #1 by discard_all")
 
 
 async def test_the_loop_stops_at_max_turns_and_on_endpoint_errors(provider: SandboxProvider) -> None:

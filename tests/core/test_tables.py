@@ -42,7 +42,9 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
             )
         )
         prompt = prompt + comp + draw(st.lists(token, max_size=4))
-    t.events.append(Event(kind=EventKind.TOOL_CALL, turn_index=0, data={"name": "bash", "args": {"c": "ls"}}))
+    t.events.append(
+        Event(kind=EventKind.TOOL_CALL, turn_index=0, data={"name": "bash", "arguments": {"c": "ls"}})
+    )
     if draw(st.booleans()):
         t.outcome = Outcome(status="success", passed=True, pass_fraction=1.0, reward=draw(st.floats(-5, 5)))
     return t

@@ -6,7 +6,16 @@ from typing import Any
 
 import pytest
 
-from rollyard.core import Event, EventKind, Outcome, Trajectory, Turn
+from rollyard.core import (
+    CompletionEvent,
+    Event,
+    Outcome,
+    ToolCallEvent,
+    ToolResultEvent,
+    Trajectory,
+    Turn,
+    TurnTimings,
+)
 
 
 def make_trajectory(
@@ -20,6 +29,7 @@ def make_trajectory(
     texts: dict[int, str] | None = None,
     versions: list[int] | None = None,
     rewrite_at: int | None = None,
+    duration: float | None = None,
 ) -> Trajectory:
     """Turn i's prompt extends turn i-1 with one observation token (900 + i); a rewrite at
     turn k starts it from a fresh prompt, so it opens a new segment."""
@@ -39,14 +49,15 @@ def make_trajectory(
         )
         traj.add_turn(turn)
         for name, args in (tool_calls or {}).get(i, []):
-            traj.events.append(
-                Event(kind=EventKind.TOOL_CALL, turn_index=i, data={"name": name, "arguments": args})
-            )
+            traj.events.append(Event.of(ToolCallEvent(name=name, arguments=args), turn_index=i))
             is_error = i in (tool_errors or set())
-            traj.events.append(Event(kind=EventKind.TOOL_RESULT, turn_index=i, data={"is_error": is_error}))
+            traj.events.append(Event.of(ToolResultEvent(name=name, is_error=is_error), turn_index=i))
         if texts and i in texts:
-            traj.events.append(Event(kind=EventKind.NOTE, turn_index=i, data={"completion_text": texts[i]}))
+            traj.events.append(Event.of(CompletionEvent(text=texts[i]), turn_index=i))
         prev = turn
+    if duration is not None:  # the agent's wall time: first request to last response
+        traj.turns[0].timings = TurnTimings(submitted=0.0, finished=min(duration, 0.1))
+        traj.turns[-1].timings = TurnTimings(submitted=0.0, finished=duration)
     return traj
 
 

@@ -130,3 +130,19 @@ def test_group_samples_reject_missing_or_mismatched_rewards(make_traj: Any) -> N
     assert all(
         math.isfinite(a) for s in group_samples(trajs, AdvantageConfig(), [1.0, 1.0]) for a in s.advantages
     )
+
+
+def test_chunk_returns_discount_the_per_chunk_rewards(make_traj: Any) -> None:
+    # win: 3 turns, each followed by a tool call -> chunks 0, 1, 2; lose: one turn, one chunk
+    win = make_traj([[1], [2], [3]], tool_calls={0: [("bash", "a")], 1: [("bash", "b")], 2: [("bash", "c")]})
+    lose = make_traj([[4]])
+    per_turn = [[-0.5, 0.0, 1.5], [0.0]]  # totals 1.0 and 0.0: GRPO baseline 0.5, std 0.5
+    advs, chunks = chunk_advantages([win, lose], [1.0, 0.0], turn_rewards=per_turn, gamma=0.5)
+    assert chunks == [[0, 1, 2], [0]]
+    returns = [-0.5 + 0.5 * 0.0 + 0.25 * 1.5, 0.0 + 0.5 * 1.5, 1.5]
+    expected = [(g - 0.5**p * 0.5) / 0.5 for g, p in zip(returns, (2, 1, 0), strict=True)]
+    assert advs == [pytest.approx(expected), pytest.approx([-1.0])]
+    # a final reward only is the same as no per-turn rewards
+    final, _ = chunk_advantages([win, lose], [1.0, 0.0], turn_rewards=[[0, 0, 1.0], [0.0]], gamma=0.5)
+    plain, _ = chunk_advantages([win, lose], [1.0, 0.0], gamma=0.5)
+    assert final == [pytest.approx(a) for a in plain]

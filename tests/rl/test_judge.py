@@ -1,4 +1,5 @@
-"""The LLM judge's HTTP plumbing against an httpx MockTransport (unit level only)."""
+"""The LLM judge: the shared chat client's HTTP plumbing against an httpx MockTransport, the
+score parsing, and the judge term reading scores gathered before scoring (unit level only)."""
 
 from __future__ import annotations
 
@@ -9,29 +10,39 @@ import httpx
 import pytest
 
 from rollyard.core import DataError, EngineError, EngineUnavailable, Outcome
-from rollyard.rl.judge import LLMJudge, parse_score
-from rollyard.rl.rewards import RewardConfig, RewardContext, TermSpec, score_group
+from rollyard.engines.chat import ChatClient
+from rollyard.rl.judge import TranscriptJudge, parse_score
+from rollyard.rl.reward_base import RewardContext, transcript
+from rollyard.rl.rewards import JudgeSettings, RewardConfig, TermSpec, score_group
 
 
 def _reply(content: str) -> dict[str, Any]:
     return {"choices": [{"message": {"role": "assistant", "content": content}}]}
 
 
-def _judge(handler: Any, **kw: Any) -> tuple[LLMJudge, list[httpx.Request]]:
+def _client(handler: Any, **kw: Any) -> tuple[ChatClient, list[httpx.Request]]:
     seen: list[httpx.Request] = []
 
     def record(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         return handler(request)
 
-    client = httpx.Client(transport=httpx.MockTransport(record))
-    aclient = httpx.AsyncClient(transport=httpx.MockTransport(record))
-    return LLMJudge("http://judge:8000", "judge-model", client=client, async_client=aclient, **kw), seen
+    http = httpx.AsyncClient(transport=httpx.MockTransport(record))
+    return ChatClient("http://judge:8000", client=http, **kw), seen
 
 
-def test_judge_posts_a_chat_completion_and_scales_the_score() -> None:
-    judge, seen = _judge(lambda r: httpx.Response(200, json=_reply("Reasoning...\nSCORE: 7.5")), api_key="k")
-    assert judge.score("transcript text") == pytest.approx(0.75)
+def _judge(client: ChatClient, **kw: Any) -> TranscriptJudge:
+    async def ask(messages: list[dict[str, str]]) -> str:
+        return await client.complete(messages, model="judge-model")
+
+    return TranscriptJudge(ask, **kw)
+
+
+async def test_judge_posts_a_chat_completion_and_scales_the_score() -> None:
+    client, seen = _client(
+        lambda r: httpx.Response(200, json=_reply("Reasoning...\nSCORE: 7.5")), api_key="k"
+    )
+    assert await _judge(client).score("transcript text") == pytest.approx(0.75)
     (req,) = seen
     body = json.loads(req.content)
     assert req.url.path == "/v1/chat/completions" and req.headers["authorization"] == "Bearer k"
@@ -41,9 +52,9 @@ def test_judge_posts_a_chat_completion_and_scales_the_score() -> None:
     }
 
 
-async def test_async_judge_reads_the_last_score() -> None:
-    judge, _ = _judge(lambda r: httpx.Response(200, json=_reply("SCORE: 2\nrevised. SCORE: 4")), scale=(0, 5))
-    assert await judge.ascore("t") == pytest.approx(0.8)
+async def test_the_judge_reads_the_last_score() -> None:
+    client, _ = _client(lambda r: httpx.Response(200, json=_reply("SCORE: 2\nrevised. SCORE: 4")))
+    assert await _judge(client, scale=(0, 5)).score("t") == pytest.approx(0.8)
 
 
 def test_scores_are_parsed_or_rejected() -> None:
@@ -54,34 +65,40 @@ def test_scores_are_parsed_or_rejected() -> None:
         parse_score("SCORE: 11", 0, 10)
 
 
-def test_transport_and_status_errors_are_typed() -> None:
-    judge, _ = _judge(lambda r: httpx.Response(503, text="busy"))
-    with pytest.raises(EngineUnavailable):
-        judge.score("t")
-    judge, _ = _judge(lambda r: httpx.Response(400, text="bad"))
+async def test_transport_and_status_errors_are_typed() -> None:
+    for status, error in ((503, EngineUnavailable), (429, EngineUnavailable), (400, EngineError)):
+        client, _ = _client(lambda r, s=status: httpx.Response(s, text="no"))
+        with pytest.raises(error):
+            await client.complete([], model="m")
+    client, _ = _client(lambda r: httpx.Response(200, json={"unexpected": True}))
     with pytest.raises(EngineError):
-        judge.score("t")
-    judge, _ = _judge(lambda r: httpx.Response(200, json={"unexpected": True}))
-    with pytest.raises(EngineError):
-        judge.score("t")
+        await client.complete([], model="m")
 
     def boom(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    judge, _ = _judge(boom)
+    client, _ = _client(boom)
     with pytest.raises(EngineUnavailable):
-        judge.score("t")
+        await client.complete([], model="m")
 
 
-def test_judge_term_scores_the_decoded_transcript(make_traj: Any) -> None:
+async def test_judge_term_scores_the_transcript_through_the_context(make_traj: Any) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         text = json.loads(request.content)["messages"][-1]["content"]
         return httpx.Response(200, json=_reply("SCORE: 10" if "fixed" in text else "SCORE: 0"))
 
-    judge, _ = _judge(handler)
+    judge = _judge(_client(handler)[0])
     trajs = [
         make_traj([[1], [2]], texts={0: "looking", 1: "fixed it"}, outcome=Outcome()),
-        make_traj([[1]], texts={0: "gave up"}, outcome=Outcome()),
+        make_traj([[1]], texts={0: "gave up"}, outcome=Outcome(), tool_calls={0: [("bash", {"c": "ls"})]}),
     ]
-    scores = score_group(trajs, RewardConfig(outcome=TermSpec(name="judge")), RewardContext(judge=judge))
+    assert "tool call: bash" in transcript(trajs[1]) and "tool result: bash ok" in transcript(trajs[1])
+    judged = {t.id: await judge.score(transcript(t)) for t in trajs}
+    cfg = RewardConfig(outcome=TermSpec(name="judge"), judge=JudgeSettings())
+    scores = score_group(trajs, cfg, RewardContext(judged=judged))
     assert [s.total for s in scores] == [1.0, 0.0]
+
+
+def test_the_judge_term_needs_an_endpoint() -> None:
+    with pytest.raises(ValueError, match=r"rewards\.judge"):
+        RewardConfig(outcome=TermSpec(name="judge"))

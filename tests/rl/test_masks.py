@@ -38,3 +38,22 @@ def test_mask_helpers_reject_bad_shapes_and_values() -> None:
         sequence_keep(torch.tensor([1]), torch.tensor([float("nan")]))
     with pytest.raises(DataError):
         mask_sequences(torch.ones(2), torch.tensor([0, 5]), torch.tensor([True]))
+
+
+def test_stability_masks_leave_out_failed_and_long_negative_samples() -> None:
+    from rollyard.core import Sample
+    from rollyard.rl.masks import StabilityMasks, apply_masks
+
+    def sample(n: int, adv: float) -> Sample:
+        return Sample(
+            token_ids=[1] * n, loss_mask=[0] + [1] * (n - 1), logprobs=[0.0] * n, advantages=[adv] * n
+        )
+
+    samples = [sample(4, 1.0), sample(4, -1.0), sample(50, -1.0), sample(50, 1.0)]
+    failed = [True, False, False, False]
+    off = apply_masks(samples, failed, StabilityMasks())
+    assert [s.num_loss_tokens for s in off] == [3, 3, 49, 49]
+    on = apply_masks(samples, failed, StabilityMasks(unrecoverable=True, max_negative_tokens=10))
+    assert [s.num_loss_tokens for s in on] == [0, 3, 0, 49]
+    positive = apply_masks(samples, [False] * 4, StabilityMasks(positive_only=True))
+    assert [s.num_loss_tokens for s in positive] == [3, 0, 0, 49]

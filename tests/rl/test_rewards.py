@@ -7,17 +7,8 @@ from typing import Any
 import pytest
 
 from rollyard.core import ConfigError, DataError, Outcome, TurnTimings
-from rollyard.rl.rewards import (
-    RewardConfig,
-    RewardContext,
-    TermKind,
-    TermSpec,
-    get_reward,
-    register_reward,
-    reward_to_go,
-    score_group,
-    with_rewards,
-)
+from rollyard.rl.reward_base import RewardContext, TermKind, get_reward, register_reward
+from rollyard.rl.rewards import JudgeSettings, RewardConfig, TermSpec, reward_to_go, score_group, with_rewards
 
 
 def test_outcome_terms_read_pass_fraction_or_passed(make_traj: Any) -> None:
@@ -50,7 +41,9 @@ def test_process_penalties_count_each_kind_per_turn(make_traj: Any) -> None:
 
 
 def test_penalty_weights_of_zero_switch_a_check_off(make_traj: Any) -> None:
-    traj = make_traj([[10]], flags={0: ["malformed_tool_call", "tool_error"]})
+    traj = make_traj(
+        [[10]], flags={0: ["malformed_tool_call"]}, tool_calls={0: [("bash", "ls")]}, tool_errors={0}
+    )
     cfg = RewardConfig(
         process=TermSpec(name="penalties", params={"malformed_tool_call": 0.0, "per_turn_mean": False}),
         alpha=1.0,
@@ -60,9 +53,9 @@ def test_penalty_weights_of_zero_switch_a_check_off(make_traj: Any) -> None:
 
 def test_speed_rewards_faster_successes_relative_to_the_group(make_traj: Any) -> None:
     trajs = [
-        make_traj([[1]], outcome=Outcome(passed=True, duration_s=50.0)),
-        make_traj([[1]], outcome=Outcome(passed=True, duration_s=150.0)),
-        make_traj([[1]], outcome=Outcome(passed=False, duration_s=10.0)),
+        make_traj([[1]], outcome=Outcome(passed=True), duration=50.0),
+        make_traj([[1]], outcome=Outcome(passed=True), duration=150.0),
+        make_traj([[1]], outcome=Outcome(passed=False), duration=10.0),
     ]
     cfg = RewardConfig(outcome=TermSpec(name="binary"), speed=TermSpec(name="completion_time"), beta=0.5)
     scores = score_group(trajs, cfg)
@@ -72,7 +65,7 @@ def test_speed_rewards_faster_successes_relative_to_the_group(make_traj: Any) ->
 
 
 def test_speed_shapes_are_decreasing_and_clipped(make_traj: Any) -> None:
-    trajs = [make_traj([[1]], outcome=Outcome(passed=True, duration_s=d)) for d in (5.0, 20.0, 80.0)]
+    trajs = [make_traj([[1]], outcome=Outcome(passed=True), duration=d) for d in (5.0, 20.0, 80.0)]
     for h in ("linear", "log", "inverse"):
         spec = TermSpec(
             name="completion_time", params={"baseline": "fixed", "baseline_s": 20.0, "h": h, "clip": 1.0}
@@ -81,8 +74,8 @@ def test_speed_shapes_are_decreasing_and_clipped(make_traj: Any) -> None:
         assert speeds[0] > speeds[1] == 0.0 > speeds[2] and all(-1.0 <= v <= 1.0 for v in speeds)
 
 
-def test_speed_falls_back_to_turn_timings(make_traj: Any) -> None:
-    traj = make_traj([[1], [2]], outcome=Outcome(passed=True))
+def test_speed_is_the_agents_wall_time_not_the_tests_run_time(make_traj: Any) -> None:
+    traj = make_traj([[1], [2]], outcome=Outcome(passed=True, duration_s=999.0))
     traj.turns[0].timings = TurnTimings(submitted=3.0, finished=4.0)
     traj.turns[1].timings = TurnTimings(submitted=5.0, finished=13.0)
     spec = TermSpec(name="completion_time", params={"baseline": "fixed", "baseline_s": 20.0})
@@ -90,7 +83,7 @@ def test_speed_falls_back_to_turn_timings(make_traj: Any) -> None:
 
 
 def test_no_success_in_the_group_means_no_speed_reward(make_traj: Any) -> None:
-    trajs = [make_traj([[1]], outcome=Outcome(passed=False, duration_s=d)) for d in (1.0, 9.0)]
+    trajs = [make_traj([[1]], outcome=Outcome(passed=False), duration=d) for d in (1.0, 9.0)]
     scores = score_group(trajs, RewardConfig(speed=TermSpec(name="completion_time"), beta=1.0))
     assert [s.speed for s in scores] == [0.0, 0.0]
 
@@ -105,7 +98,9 @@ def test_reward_to_go_discounts_later_rewards() -> None:
 
 
 def test_per_turn_rewards_sum_to_the_total_so_undiscounted_return_matches(make_traj: Any) -> None:
-    traj = make_traj([[1], [2], [3]], flags={1: ["tool_error"]}, outcome=Outcome(passed=True, duration_s=5.0))
+    traj = make_traj(
+        [[1], [2], [3]], tool_calls={1: [("bash", "ls")]}, tool_errors={1}, outcome=Outcome(passed=True)
+    )
     cfg = RewardConfig(
         process=TermSpec(name="penalties"),
         speed=TermSpec(name="completion_time", params={"baseline": "fixed", "baseline_s": 10.0}),
@@ -146,8 +141,9 @@ def test_bad_groups_and_bad_terms_raise_clear_errors(make_traj: Any) -> None:
         score_group([make_traj([[1]])], RewardConfig(outcome=TermSpec(name="test_nan_outcome")))
     with pytest.raises(ConfigError, match="unknown reward parameters"):
         score_group([make_traj([[1]])], RewardConfig(outcome=TermSpec(name="binary", params={"sucess": 1})))
-    with pytest.raises(ConfigError, match="judge"):
-        score_group([make_traj([[1]])], RewardConfig(outcome=TermSpec(name="judge")))
+    judge = RewardConfig(outcome=TermSpec(name="judge"), judge=JudgeSettings())
+    with pytest.raises(ConfigError, match="no judge score"):
+        score_group([make_traj([[1]])], judge)
 
 
 def test_with_rewards_fills_outcome_reward_and_terms(make_traj: Any) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import httpx
 
+from rollyard.engines.chat import ChatClient
 from rollyard.tasks import JudgeConfig, JudgePanel, generate, load_task
 from rollyard.tasks.judges import parse_vote
 
@@ -20,9 +21,9 @@ def _panel(replies: list[object], seen: list[dict[str, object]], k: int = 3) -> 
             return httpx.Response(reply, json={"error": {"message": "down"}})
         return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": reply}}]})
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     cfg = JudgeConfig(base_url="http://judge/v1", api_key="sk-j", models=["m1", "m2"], k=k)
-    return JudgePanel(cfg, client=client)
+    return JudgePanel(cfg, client=ChatClient(cfg.base_url, api_key=cfg.api_key, client=http))
 
 
 def test_votes_are_read_from_json_or_a_leading_yes_or_no() -> None:

@@ -79,6 +79,28 @@ def drop_thinking(messages: list[Message]) -> list[Message]:
     return out
 
 
+NOTE_PREFIX = "[context compacted"
+
+
+def with_note(messages: list[Message], policy: PolicyKind, removed: int, count: int) -> list[Message]:
+    """Tell the model its history was compacted: a user message right after the task (replacing
+    an earlier note). It sits inside the history, so the next request is a rewrite the gateway
+    renders fresh (new segment; with ``drop_thinking`` the engine no longer sees the removed
+    reasoning, which a plain omission would not achieve: the gateway reuses ids verbatim). The
+    count keeps two compactions in a row distinct."""
+    head = _head_len(messages)
+    rest = messages[head:]
+    if rest and rest[0].get("role") == "user" and str(rest[0].get("content", "")).startswith(NOTE_PREFIX):
+        rest = rest[1:]
+    what = (
+        "earlier reasoning was removed"
+        if policy is PolicyKind.DROP_THINKING
+        else f"{removed} messages removed"
+    )
+    note = {"role": "user", "content": f"{NOTE_PREFIX} #{count} by {policy.value}: {what}]"}
+    return [*messages[:head], note, *rest]
+
+
 def apply_policy(
     policy: ContextPolicy, messages: list[Message], tokens: int, context_limit: int | None
 ) -> list[Message]:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import json
 import logging
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import openai
 from openai import AsyncOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollyard.agents.context import ContextPolicy, Message, apply_policy, estimate_tokens
+from rollyard.agents.context import ContextPolicy, Message, apply_policy, estimate_tokens, with_note
 from rollyard.agents.tools import TOOLS, run_tool
 from rollyard.core.clock import Clock, SystemClock
-from rollyard.core.program import Program
-from rollyard.core.trajectory import Event, EventKind
+from rollyard.core.events import ContextRewriteEvent, Event, EventKind, ToolResultEvent
 from rollyard.sandbox.base import Sandbox
 
 log = logging.getLogger(__name__)
@@ -39,6 +38,7 @@ class AgentConfig(BaseModel):
     policies: list[ContextPolicy] = Field(default_factory=list)
     temperature: float | None = None
     max_tokens: int | None = Field(default=None, ge=1)
+    tool_choice: Literal["auto", "required"] = "auto"  # required: every turn calls a tool
 
 
 class ExitReason(StrEnum):
@@ -71,45 +71,46 @@ class WhiteBoxAgent:
         self.config = config
         self.clock = clock or SystemClock()
 
-    @classmethod
-    def for_program(cls, program: Program, base_url: str, config: AgentConfig) -> WhiteBoxAgent:
-        """An agent that talks to the gateway as ``program`` (its own key identifies it)."""
-        return cls(AsyncOpenAI(base_url=base_url, api_key=program.api_key, max_retries=0), config)
-
     def _rewrite(self, messages: list[Message], tokens: int, turn: int, events: list[Event]) -> list[Message]:
+        """Apply the context policies; each one that fires is an event and a note to the model."""
         for policy in self.config.policies:
             new = apply_policy(policy, messages, tokens, self.config.context_limit)
             if new is not messages:
-                events.append(
-                    Event(
-                        kind=EventKind.CONTEXT_REWRITE,
-                        turn_index=turn,
-                        at=self.clock.now(),
-                        data={
-                            "policy": policy.kind.value,
-                            "messages_before": len(messages),
-                            "messages_after": len(new),
-                            "tokens_before": tokens,
-                        },
-                    )
+                count = 1 + sum(e.kind == EventKind.CONTEXT_REWRITE for e in events)
+                new = with_note(new, policy.kind, len(messages) - len(new), count)
+                rewrite = ContextRewriteEvent(
+                    reason=f"policy:{policy.kind.value}",
+                    policy=policy.kind.value,
+                    messages_before=len(messages),
+                    messages_after=len(new),
+                    tokens_before=tokens,
                 )
+                events.append(Event.of(rewrite, turn_index=turn, at=self.clock.now()))
                 messages = new
                 tokens = estimate_tokens(messages)
         return messages
 
-    async def run(self, instruction: str, sandbox: Sandbox) -> AgentResult:
+    async def run(
+        self, instruction: str, sandbox: Sandbox, *, events: list[Event] | None = None
+    ) -> AgentResult:
+        """Run to an exit; events go to ``events`` when given (a caller that may cut the run off
+        keeps what happened so far), and are the result's ``events`` either way."""
         cfg = self.config
         messages: list[Message] = [
             {"role": "system", "content": cfg.system_prompt},
             {"role": "user", "content": instruction},
         ]
         r = AgentResult(exit_reason=ExitReason.MAX_TURNS)
+        if events is not None:
+            r.events = events
         tokens, counted = 0, 0  # usage of the last response, and how many messages it covered
         extra: dict[str, Any] = {}
         if cfg.temperature is not None:
             extra["temperature"] = cfg.temperature
         if cfg.max_tokens is not None:
             extra["max_tokens"] = cfg.max_tokens
+        if cfg.tool_choice != "auto":
+            extra["tool_choice"] = cfg.tool_choice
         for turn in range(cfg.max_turns):
             if turn:
                 est = tokens + estimate_tokens(messages[counted:])
@@ -153,14 +154,16 @@ class WhiteBoxAgent:
                 )
                 r.tool_calls += 1
                 r.malformed_tool_calls += out.error
-                r.events.append(
-                    Event(
-                        kind=EventKind.ERROR if out.error else EventKind.TOOL_CALL,
-                        turn_index=turn,
-                        at=t0,
-                        data={"tool": name, "malformed": out.error, "duration_s": self.clock.now() - t0},
-                    )
+                result = ToolResultEvent(
+                    name=name,
+                    call_id=call.id,
+                    is_error=out.error or out.failed,
+                    malformed=out.error,
+                    exit_code=out.exit_code,
+                    timed_out=out.timed_out,
+                    duration_s=max(0.0, self.clock.now() - t0),
                 )
+                r.events.append(Event.of(result, turn_index=turn, at=t0))
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": out.content})
                 if out.submitted:
                     r.submitted, r.final_answer, done = True, out.answer, True

@@ -51,6 +51,9 @@ class ToolOutcome(BaseModel):
 
     content: str
     error: bool = False  # the call itself was malformed (unknown tool, bad arguments)
+    failed: bool = False  # well-formed, but the command exited non-zero, timed out or the I/O failed
+    exit_code: int | None = None  # bash only
+    timed_out: bool = False
     submitted: bool = False
     answer: str | None = None
 
@@ -92,7 +95,12 @@ async def run_tool(
             res = await sandbox.exec(args["command"], timeout=timeout)
             out = res.stdout + (f"\n[stderr]\n{res.stderr}" if res.stderr else "")
             status = "timed out" if res.timed_out else f"exit {res.rc}"
-            return ToolOutcome(content=truncate(f"{out.rstrip()}\n[{status}]".lstrip(), max_chars))
+            return ToolOutcome(
+                content=truncate(f"{out.rstrip()}\n[{status}]".lstrip(), max_chars),
+                failed=res.timed_out or res.rc != 0,
+                exit_code=None if res.timed_out else res.rc,
+                timed_out=res.timed_out,
+            )
         if name == "read_file":
             data = await sandbox.read(args["path"])
             return ToolOutcome(content=truncate(data.decode(errors="replace"), max_chars))
@@ -100,7 +108,7 @@ async def run_tool(
             await sandbox.write(args["path"], args["content"])
             return ToolOutcome(content=f"wrote {len(args['content'])} characters to {args['path']}")
     except (RollyardError, OSError) as e:
-        return ToolOutcome(content=truncate(f"error: {e}", max_chars))
+        return ToolOutcome(content=truncate(f"error: {e}", max_chars), failed=True)
     answer = args.get("answer")
     answer = answer if isinstance(answer, str) else None
     return ToolOutcome(content="submitted", submitted=True, answer=answer)

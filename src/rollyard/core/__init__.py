@@ -19,14 +19,22 @@ from rollyard.core.errors import (
     TaskError,
     TrainError,
 )
+from rollyard.core.events import (
+    CompletionEvent,
+    ContextRewriteEvent,
+    Event,
+    EventKind,
+    PerturbationEvent,
+    TestAccessEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+)
 from rollyard.core.ids import keys_equal, new_id, new_key
 from rollyard.core.program import Program, ProgramPhase, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import (
     SCHEMA_VERSION,
-    Event,
-    EventKind,
     FinishReason,
     Group,
     Outcome,
@@ -41,9 +49,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "AuthError",
     "Clock",
+    "CompletionEvent",
     "ConfigError",
     "Conflict",
     "ContextLengthExceeded",
+    "ContextRewriteEvent",
     "DataError",
     "EngineError",
     "EngineStartError",
@@ -57,6 +67,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "Outcome",
+    "PerturbationEvent",
     "Program",
     "ProgramPhase",
     "ProgramState",
@@ -68,6 +79,9 @@ __all__ = [
     "Segment",
     "SystemClock",
     "TaskError",
+    "TestAccessEvent",
+    "ToolCallEvent",
+    "ToolResultEvent",
     "TrainError",
     "Trajectory",
     "Turn",

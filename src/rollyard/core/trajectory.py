@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollyard.core.events import ContextRewriteEvent, Event
+from rollyard.core.events import EventKind as EventKind  # re-exported: the old home
 from rollyard.core.ids import new_id
 
 SCHEMA_VERSION = 1
@@ -135,26 +137,6 @@ def extends(prev: Turn, prompt_ids: list[int]) -> bool:
     return len(prompt_ids) >= n and prompt_ids[: len(p)] == p and prompt_ids[len(p) : n] == c
 
 
-class EventKind(StrEnum):
-    TOOL_CALL = "tool_call"
-    TOOL_RESULT = "tool_result"
-    CONTEXT_REWRITE = "context_rewrite"  # history truncated / summarized / edited: new segment
-    TEST_ACCESS = "test_access"  # the agent touched test paths (hygiene)
-    PERTURBATION = "perturbation"
-    IGNORED_PARAMS = "ignored_params"  # client fields the gateway could not honour
-    ERROR = "error"
-    NOTE = "note"
-
-
-class Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    kind: EventKind
-    turn_index: int | None = None  # the turn it follows, if any
-    at: float = 0.0
-    data: dict[str, Any] = Field(default_factory=dict)
-
-
 class Outcome(BaseModel):
     """How the program ended and what it earned."""
 
@@ -219,14 +201,8 @@ class Trajectory(BaseModel):
         rewrite = bool(self.segments) and not self.segments[-1].accepts(turn.prompt_ids)
         if not self.segments or rewrite:
             if rewrite:
-                self.events.append(
-                    Event(
-                        kind=EventKind.CONTEXT_REWRITE,
-                        turn_index=turn.index,
-                        at=at,
-                        data={"segment": len(self.segments)},
-                    )
-                )
+                rewrite_event = ContextRewriteEvent(reason="not_extending", segment=len(self.segments))
+                self.events.append(Event.of(rewrite_event, turn_index=turn.index, at=at))
             self.segments.append(Segment())
         seg = self.segments[-1]
         seg.turns.append(turn)

@@ -17,6 +17,7 @@ from typing import Any
 
 from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
+from rollyard.core.events import CompletionEvent, ToolCallEvent
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
@@ -314,11 +315,14 @@ class Gateway:
             )
         if gen.notes:
             events.append(Event(kind=EventKind.NOTE, turn_index=index, at=now, data=dict(gen.notes)))
-        if message.tool_calls:
-            events += [
-                Event(kind=EventKind.TOOL_CALL, turn_index=index, at=now, data={"name": c.name, "id": c.id})
-                for c in message.tool_calls
-            ]
+        text = CompletionEvent(text=message.content, reasoning=message.reasoning)
+        events.append(Event.of(text, turn_index=index, at=now))
+        events += [
+            Event.of(
+                ToolCallEvent(name=c.name, arguments=c.arguments, call_id=c.id), turn_index=index, at=now
+            )
+            for c in message.tool_calls
+        ]
         if malformed:
             self.metrics.malformed.inc()
         response_id = request.response_id or f"resp_{uuid.uuid4().hex[:24]}"

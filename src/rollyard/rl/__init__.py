@@ -20,24 +20,27 @@ from rollyard.rl.buffer import (
     Released,
     ReleaseRule,
     StaleAction,
-    ThreadSafeBuffer,
     WindowedFifo,
 )
-from rollyard.rl.judge import LLMJudge, parse_score
+from rollyard.rl.judge import TranscriptJudge, parse_score
 from rollyard.rl.language import is_language_mixed, script_counts
 from rollyard.rl.loss_inputs import Aggregation
 from rollyard.rl.losses import cispo_loss, gspo_loss, ipa_chunk_loss, ppo_clip_loss
 from rollyard.rl.masks import mask_sequences, sequence_keep
-from rollyard.rl.rewards import (
-    RewardBreakdown,
-    RewardConfig,
+from rollyard.rl.reward_base import (
     RewardContext,
     TermKind,
-    TermSpec,
-    event_text,
     get_reward,
     register_reward,
     registered_rewards,
+    transcript,
+    turn_text,
+)
+from rollyard.rl.rewards import (
+    JudgeSettings,
+    RewardBreakdown,
+    RewardConfig,
+    TermSpec,
     reward_to_go,
     score_group,
     with_rewards,
@@ -49,7 +52,7 @@ __all__ = [
     "Aggregation",
     "AsyncBuffer",
     "BufferConfig",
-    "LLMJudge",
+    "JudgeSettings",
     "Release",
     "ReleaseRule",
     "Released",
@@ -59,12 +62,11 @@ __all__ = [
     "StaleAction",
     "TermKind",
     "TermSpec",
-    "ThreadSafeBuffer",
+    "TranscriptJudge",
     "WindowedFifo",
     "build_samples",
     "chunk_advantages",
     "cispo_loss",
-    "event_text",
     "get_reward",
     "group_samples",
     "grpo_advantages",
@@ -80,7 +82,9 @@ __all__ = [
     "score_group",
     "script_counts",
     "sequence_keep",
+    "transcript",
     "turn_advantages",
     "turn_chunks",
+    "turn_text",
     "with_rewards",
 ]

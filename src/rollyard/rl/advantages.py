@@ -6,9 +6,9 @@ Three estimators, all critic-free and relative to the group:
   leave-one-out), s the group's population std when ``normalize_std``.
 * reward-to-go: per-turn returns G_{i,t} = sum_k gamma^(k-t) r_{i,k}, minus the same baseline
   computed from the trajectories' full returns G_{i,0}.
-* chunked MDP (ROLL's IPA): a chunk runs from one environment interaction to the next; chunk k
-  of K gets gamma^(K-1-k) times the trajectory's GRPO advantage, i.e. the chunk return
-  G_k = gamma^(chunks to end) * R taken on the baseline-centred return (so its sign is kept).
+* chunked MDP (ROLL's IPA): a chunk runs from one environment interaction to the next; its
+  return is the discounted sum of the per-chunk rewards from it on, centred by the GRPO
+  baseline discounted to it (with a final reward only: gamma^(K-1-k) times the GRPO advantage).
 
 Documented rules for degenerate groups: a group of one has no baseline to compare with and
 gets advantage 0; when all returns are equal (std below ``eps``) advantages are the centred
@@ -120,22 +120,45 @@ def chunk_advantages(
     trajectories: Sequence[Trajectory],
     rewards: Sequence[float],
     *,
+    turn_rewards: Sequence[Sequence[float]] | None = None,
     gamma: float = 1.0,
     normalize_std: bool = True,
     leave_one_out: bool = False,
     eps: float = 1e-6,
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Per-turn advantages and chunk ids under the chunked MDP (module doc)."""
-    if len(trajectories) != len(rewards):
-        raise DataError(f"{len(trajectories)} trajectories but {len(rewards)} rewards")
+    """Per-turn advantages and chunk ids under the chunked MDP.
+
+    Chunk k's return is the discounted sum of the per-chunk rewards from k on (a chunk's reward
+    is the sum of its turns' ``turn_rewards``; without them, the whole reward sits on the last
+    chunk, so G_k = gamma^(chunks to end) * R). The advantage is (G_k - gamma^(chunks to end) *
+    b) / s, with the baseline b and scale s of GRPO over the trajectories' total ``rewards``:
+    with a final reward only this is gamma^(chunks to end) times the GRPO advantage."""
+    n = len(trajectories)
+    if len(rewards) != n or (turn_rewards is not None and len(turn_rewards) != n):
+        raise DataError(f"{n} trajectories but {len(rewards)} rewards")
     if not 0.0 <= gamma <= 1.0:
         raise DataError(f"discount gamma must be in [0, 1], got {gamma}")
-    base = grpo_advantages(rewards, normalize_std=normalize_std, leave_one_out=leave_one_out, eps=eps)
+    r = _check(rewards, "rewards")
+    mean, std = statistics.fmean(r), statistics.pstdev(r)
+    scale = std if normalize_std and std >= eps else 1.0
     advs, chunks = [], []
-    for t, a in zip(trajectories, base, strict=True):
+    for i, t in enumerate(trajectories):
         ids = turn_chunks(t)
-        last = ids[-1] if ids else 0
-        advs.append([a * gamma ** (last - k) for k in ids])
+        k_count = (ids[-1] + 1) if ids else 1
+        per_chunk = [0.0] * k_count
+        if turn_rewards is not None:
+            if len(turn_rewards[i]) != len(ids):
+                raise DataError(f"trajectory {t.id}: need one reward per turn, {len(ids)}")
+            for k, x in zip(ids, turn_rewards[i], strict=True):
+                per_chunk[k] += x
+        else:
+            per_chunk[-1] = r[i]
+        returns = reward_to_go(per_chunk, gamma)
+        base = (sum(r) - r[i]) / (n - 1) if leave_one_out and n > 1 else mean
+        if n == 1:
+            advs.append([0.0] * len(ids))
+        else:
+            advs.append([(returns[k] - gamma ** (k_count - 1 - k) * base) / scale for k in ids])
         chunks.append(ids)
     return advs, chunks
 
@@ -217,5 +240,5 @@ def group_samples(
         if turn_rewards is None:
             raise DataError("reward_to_go advantages need per-turn rewards")
         return build_samples(trajectories, turn_advantages(turn_rewards, gamma=config.gamma, **kw), r)
-    advs, chunks = chunk_advantages(trajectories, r, gamma=config.gamma, **kw)
+    advs, chunks = chunk_advantages(trajectories, r, turn_rewards=turn_rewards, gamma=config.gamma, **kw)
     return build_samples(trajectories, advs, r, chunks)

@@ -162,8 +162,10 @@ def ipa_chunk_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """Chunk-level IPA: a geometric-mean ratio per (sequence, chunk).
 
-    With ``infer_logprobs`` and ``mismatch_bound``, a chunk whose mean |train - inference|
-    log-probability gap (|mean(old - infer)|) exceeds the bound is masked out entirely.
+    With ``infer_logprobs``, each chunk's train/inference mismatch |mean(old - infer)| is
+    measured (``old``: the trainer's logprobs of the behaviour tokens) and reported
+    (``mismatch_mean``, ``mismatch_p90``, ``mismatch_max`` over chunks); with ``mismatch_bound``
+    too, a chunk whose mismatch exceeds it is masked out entirely (``chunk_mask_frac``).
     """
     _check_clip(clip_low, clip_high)
     if mismatch_bound is not None and (infer_logprobs is None or not mismatch_bound >= 0):
@@ -187,27 +189,37 @@ def ipa_chunk_loss(
     _, group = torch.unique(flat.seq * width + chunks.clamp(min=0), return_inverse=True)
     n = int(group.max()) + 1
     live_chunks = int((group_sum(flat.mask, group, n) > 0).sum())
-    masked_frac = 0.0
-    if mismatch_bound is not None:
+    mismatch: Metrics = {}
+    if "infer" in extra:
         gap = group_sum((flat.old - extra["infer"]) * flat.mask, group, n)
         counts = group_sum(flat.mask, group, n)
-        bad = (gap.abs() / counts.clamp(min=1.0) > mismatch_bound) & (counts > 0)
-        masked_frac = float(bad.sum()) / max(1, int((counts > 0).sum()))
-        flat = Flat(
-            logprobs=flat.logprobs,
-            old=flat.old,
-            adv=flat.adv,
-            mask=flat.mask * (~bad[group]).to(flat.mask.dtype),
-            seq=flat.seq,
-            num_seqs=flat.num_seqs,
-        )
+        live = counts > 0
+        per_chunk = (gap.abs() / counts.clamp(min=1.0))[live].detach()
+        if per_chunk.numel():
+            mismatch = {
+                "mismatch_mean": float(per_chunk.mean()),
+                "mismatch_p90": float(torch.quantile(per_chunk.float(), 0.9)),
+                "mismatch_max": float(per_chunk.max()),
+            }
+        if mismatch_bound is not None:
+            bad = (gap.abs() / counts.clamp(min=1.0) > mismatch_bound) & live
+            mismatch["chunk_mask_frac"] = float(bad.sum()) / max(1, int(live.sum()))
+            flat = Flat(
+                logprobs=flat.logprobs,
+                old=flat.old,
+                adv=flat.adv,
+                mask=flat.mask * (~bad[group]).to(flat.mask.dtype),
+                seq=flat.seq,
+                num_seqs=flat.num_seqs,
+            )
     ratio, log_ratio = _grouped_ratio(flat, group, n)
     per_token, active = _clipped_surrogate(ratio, flat.adv, clip_low, clip_high)
     loss, metrics = _finish(
         per_token, flat, log_ratio, active, aggregation, norm_const, extra.get("ref"), kl_coef
     )
     metrics["chunks"] = float(live_chunks)
-    metrics["chunk_mask_frac"] = masked_frac
+    metrics["chunk_mask_frac"] = 0.0
+    metrics.update(mismatch)
     return loss, metrics
 
 

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollyard.core.errors import ConfigError, DataError
-from rollyard.core.trajectory import EventKind, Outcome, Trajectory
+from rollyard.core.events import EventKind, ToolCallEvent, ToolResultEvent
+from rollyard.core.trajectory import Outcome, Trajectory
 from rollyard.rl.language import is_language_mixed
-from rollyard.rl.rewards import RewardContext, TermKind, register_reward
+from rollyard.rl.reward_base import RewardContext, TermKind, register_reward, turn_text
 
 
 def _outcome(t: Trajectory) -> Outcome:
@@ -61,11 +62,15 @@ def binary(trajs: Sequence[Trajectory], params: dict[str, Any], ctx: RewardConte
 
 @register_reward("judge", TermKind.OUTCOME)
 def judge(trajs: Sequence[Trajectory], params: dict[str, Any], ctx: RewardContext) -> list[float]:
-    """An LLM judge's score of the decoded transcript (the context must carry a judge)."""
+    """An LLM judge's score of the transcript, in [0, 1]. The run asks the judge
+    (``rewards.judge``) before scoring and passes the scores in the context."""
     _params(params, {})
-    if ctx.judge is None:
-        raise ConfigError("the 'judge' reward needs a judge in the RewardContext")
-    return [ctx.judge.score(ctx.transcript(t)) for t in trajs]
+    missing = [t.id for t in trajs if t.id not in ctx.judged]
+    if missing:
+        raise ConfigError(
+            f"the 'judge' reward has no judge score for {len(missing)} trajectories; set rewards.judge"
+        )
+    return [float(ctx.judged[t.id]) for t in trajs]
 
 
 def _canonical(arguments: Any) -> str:
@@ -82,26 +87,32 @@ def turn_penalties(t: Trajectory, p: dict[str, Any], ctx: RewardContext) -> list
     seen: set[tuple[str, str]] = set()
     repeated: set[int] = set()
     errors: set[int] = set()
+    malformed: set[int] = set()
     for e in t.events:
         if e.turn_index is None:
             continue
         if e.kind == EventKind.TOOL_CALL:
-            key = (str(e.data.get("name", "")), _canonical(e.data.get("arguments", "")))
+            call: ToolCallEvent = e.payload
+            key = (call.name, _canonical(call.arguments))
             if key in seen:
                 repeated.add(e.turn_index)
             seen.add(key)
-        elif e.kind == EventKind.TOOL_RESULT and e.data.get("is_error"):
-            errors.add(e.turn_index)
+        elif e.kind == EventKind.TOOL_RESULT:
+            result: ToolResultEvent = e.payload
+            if result.malformed:  # unknown tool or bad arguments: the malformed-call penalty
+                malformed.add(e.turn_index)
+            elif result.is_error:
+                errors.add(e.turn_index)
     out = []
     for turn in t.turns:
-        text = ctx.text_of(t, turn) if p["language_mixing"] else None
+        text = turn_text(t, turn) if p["language_mixing"] else None
         mixed = text is not None and is_language_mixed(
             text, expected=p["expected_scripts"], min_share=p["min_share"]
         )
         out.append(
             {
-                "malformed_tool_call": "malformed_tool_call" in turn.flags,
-                "tool_error": "tool_error" in turn.flags or turn.index in errors,
+                "malformed_tool_call": "malformed_tool_call" in turn.flags or turn.index in malformed,
+                "tool_error": turn.index in errors,
                 "repeated_command": turn.index in repeated,
                 "language_mixing": mixed,
             }
@@ -150,15 +161,12 @@ def _h(name: str, x: float, clip: float) -> float:
     return max(-clip, min(clip, v))
 
 
-def duration(t: Trajectory) -> float:
-    """``outcome.duration_s``, else the span of the turn timings."""
-    o = _outcome(t)
-    if o.duration_s is not None:
-        d = o.duration_s
-    elif t.turns:
-        d = t.turns[-1].timings.finished - t.turns[0].timings.submitted
-    else:
-        raise DataError(f"trajectory {t.id} has no duration and no turns")
+def duration(t: Trajectory) -> float | None:
+    """The agent's own wall time: its first model request submitted to its last response
+    finished (gateway clock). Not the hidden tests' run time. None without turns."""
+    if not t.turns:
+        return None
+    d = t.turns[-1].timings.finished - t.turns[0].timings.submitted
     if not math.isfinite(d) or d < 0:
         raise DataError(f"trajectory {t.id} has an invalid duration {d!r}")
     return d
@@ -166,28 +174,43 @@ def duration(t: Trajectory) -> float:
 
 @register_reward("completion_time", TermKind.SPEED)
 def completion_time(trajs: Sequence[Trajectory], params: dict[str, Any], ctx: RewardContext) -> list[float]:
-    """h(T / T_baseline), clipped to [-clip, clip]. The baseline is the group's mean or median
-    duration (over successful members when ``only_successful``) or a fixed ``baseline_s``.
-    Failed trajectories get 0 when ``only_successful`` (speed must not reward quick failure);
-    with no usable baseline (none succeeded, or it is 0 s) every value is 0."""
+    """h(T / T_baseline), clipped to [-clip, clip], T the agent's wall time (``duration``).
+
+    The baseline: the group's mean or median (over successful members when
+    ``only_successful``), a fixed ``baseline_s``, or ``task``: the task's own ``baseline_s``
+    (``metadata.baseline_s`` in its task.yaml). Failed trajectories get 0 when
+    ``only_successful`` (speed must not reward quick failure), and so do trajectories without
+    turns; with no usable baseline (none succeeded, or it is 0 s) every value is 0."""
     p = _params(
         params,
         {"baseline": "group_mean", "baseline_s": None, "h": "linear", "clip": 1.0, "only_successful": True},
     )
     durations = [duration(t) for t in trajs]
-    ok = [succeeded(t) or not p["only_successful"] for t in trajs]
-    pool = [d for d, good in zip(durations, ok, strict=True) if good]
+    ok = [
+        d is not None and (succeeded(t) or not p["only_successful"])
+        for t, d in zip(trajs, durations, strict=True)
+    ]
+    pool = [d for d, good in zip(durations, ok, strict=True) if good and d is not None]
     if p["baseline"] == "fixed":
         if p["baseline_s"] is None or not float(p["baseline_s"]) > 0:
             raise ConfigError("a fixed speed baseline needs baseline_s > 0")
         base = float(p["baseline_s"])
+    elif p["baseline"] == "task":
+        if ctx.baseline_s is None or not ctx.baseline_s > 0:
+            raise ConfigError("speed baseline 'task' needs metadata.baseline_s > 0 in the task's task.yaml")
+        base = ctx.baseline_s
     elif p["baseline"] in ("group_mean", "group_median"):
         if not pool:
             return [0.0] * len(trajs)
         base = statistics.fmean(pool) if p["baseline"] == "group_mean" else statistics.median(pool)
     else:
-        raise ConfigError(f"unknown speed baseline {p['baseline']!r}; use group_mean, group_median or fixed")
+        raise ConfigError(
+            f"unknown speed baseline {p['baseline']!r}; use group_mean, group_median, fixed or task"
+        )
     if base <= 0:
         return [0.0] * len(trajs)
     clip = float(p["clip"])
-    return [_h(p["h"], d / base, clip) if good else 0.0 for d, good in zip(durations, ok, strict=True)]
+    return [
+        _h(p["h"], d / base, clip) if good and d is not None else 0.0
+        for d, good in zip(durations, ok, strict=True)
+    ]

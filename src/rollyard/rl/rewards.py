@@ -8,85 +8,16 @@ turn-level reward-to-go. Terms see the whole group, because speed is relative to
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollyard.core.errors import ConfigError, DataError
-from rollyard.core.trajectory import Trajectory, Turn
-
-
-class TermKind(StrEnum):
-    OUTCOME = "outcome"
-    PROCESS = "process"
-    SPEED = "speed"
-
-
-class Judge(Protocol):
-    def score(self, text: str) -> float: ...
-
-
-def event_text(trajectory: Trajectory, turn: Turn) -> str | None:
-    """Default decoded text of a turn: ``data["completion_text"]`` of an event attached to it."""
-    parts = [
-        str(e.data["completion_text"])
-        for e in trajectory.events
-        if e.turn_index == turn.index and "completion_text" in e.data
-    ]
-    return "\n".join(parts) if parts else None
-
-
-@dataclass(frozen=True)
-class RewardContext:
-    """What terms may need beyond the trajectories: decoded text and an optional judge."""
-
-    text_of: Callable[[Trajectory, Turn], str | None] = event_text
-    judge: Judge | None = None
-
-    def transcript(self, trajectory: Trajectory) -> str:
-        return "\n".join(t for t in (self.text_of(trajectory, turn) for turn in trajectory.turns) if t)
-
-
-ScalarTerm = Callable[[Sequence[Trajectory], dict[str, Any], RewardContext], list[float]]
-TurnTerm = Callable[[Sequence[Trajectory], dict[str, Any], RewardContext], list[list[float]]]
-
-
-@dataclass(frozen=True)
-class RegisteredTerm:
-    name: str
-    kind: TermKind
-    fn: Callable[..., Any]
-
-
-_REGISTRY: dict[str, RegisteredTerm] = {}
-
-
-def register_reward(name: str, kind: TermKind | str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: make a term available to configs under ``name``."""
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise ConfigError(f"reward term {name!r} is already registered")
-        _REGISTRY[name] = RegisteredTerm(name, TermKind(kind), fn)
-        return fn
-
-    return wrap
-
-
-def get_reward(name: str, kind: TermKind | str | None = None) -> RegisteredTerm:
-    term = _REGISTRY.get(name)
-    if term is None:
-        raise ConfigError(f"unknown reward term {name!r}; known: {', '.join(sorted(_REGISTRY))}")
-    if kind is not None and term.kind != TermKind(kind):
-        raise ConfigError(f"reward term {name!r} is a {term.kind} term, not {TermKind(kind)}")
-    return term
-
-
-def registered_rewards() -> dict[str, TermKind]:
-    return {n: t.kind for n, t in sorted(_REGISTRY.items())}
+from rollyard.core.errors import DataError
+from rollyard.core.trajectory import Trajectory
+from rollyard.rl import reward_terms  # noqa: F401  (registers the built-in terms)
+from rollyard.rl.reward_base import RewardContext, TermKind, get_reward
 
 
 class TermSpec(BaseModel):
@@ -94,6 +25,24 @@ class TermSpec(BaseModel):
 
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+
+
+class JudgeSettings(BaseModel):
+    """Where the ``judge`` term asks: any OpenAI-compatible base URL, or ``gateway`` for the
+    run's own gateway (the policy judges itself, as a program of its own that is never trained)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = "gateway"
+    model: str = "policy"
+    api_key: str | None = Field(default=None, repr=False)
+    scale: tuple[float, float] = (0.0, 10.0)
+    temperature: float = Field(default=0.0, ge=0.0)
+    max_tokens: int = Field(default=256, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
+    # A reply without a readable score: ``fail`` the group (default), or ``zero``: score 0 and
+    # count it in the step's ``judge_unreadable`` metric (for judges too weak to follow the format).
+    on_unreadable: Literal["fail", "zero"] = "fail"
 
 
 class RewardConfig(BaseModel):
@@ -106,6 +55,14 @@ class RewardConfig(BaseModel):
     speed: TermSpec | None = None
     alpha: float = 0.0
     beta: float = 0.0
+    judge: JudgeSettings | None = None  # needed by the ``judge`` term
+
+    @model_validator(mode="after")
+    def _judge_endpoint(self) -> RewardConfig:
+        names = [t.name for t in (self.outcome, self.process, self.speed) if t is not None]
+        if "judge" in names and self.judge is None:
+            raise ValueError("the 'judge' term needs rewards.judge (base_url, model)")
+        return self
 
 
 @dataclass(frozen=True)
@@ -189,7 +146,3 @@ def reward_to_go(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
         acc = values[t] + gamma * acc
         out[t] = acc
     return out
-
-
-# Register the built-in terms (they import this module, so this comes last).
-from rollyard.rl import reward_terms as _builtin_terms  # noqa: E402, F401

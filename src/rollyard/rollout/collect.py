@@ -16,18 +16,33 @@ from typing import Protocol
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.events import Event
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import Trajectory
 from rollyard.rl.advantages import group_samples
+from rollyard.rl.masks import apply_masks
+from rollyard.rl.reward_base import RewardContext
 from rollyard.rl.rewards import score_group, with_rewards
 from rollyard.rollout.config import Config
+from rollyard.rollout.environment import ProgramEnvironment, access_events
 from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_evaluate
+from rollyard.rollout.rewarding import reward_context
 from rollyard.rollout.services import Services
+from rollyard.rollout.stats import TERMS, event_counts
 from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
 log = logging.getLogger(__name__)
+
+UNRECOVERABLE = {"sandbox_error", "engine_unavailable"}  # the environment failed, not the policy
+
+
+def unrecoverable(t: Trajectory) -> bool:
+    """The program's environment failed under it (or its evaluation did): no signal about the policy."""
+    o = t.outcome
+    return o is not None and (o.status == "error" or o.details.get("agent_status") in UNRECOVERABLE)
+
 
 _CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded", BLACKBOX_EXITED}
 
@@ -43,9 +58,10 @@ class ProgramRunner(Protocol):
 class LocalRunner:
     """Agents in this process, sandboxes from the run's pool."""
 
-    def __init__(self, svc: Services, timeout_s: float) -> None:
+    def __init__(self, svc: Services, timeout_s: float, env: ProgramEnvironment | None = None) -> None:
         self.svc = svc
         self.timeout_s = timeout_s
+        self.env = env
         self._registered: set[str] = set()
 
     def prepare(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
@@ -62,6 +78,8 @@ class LocalRunner:
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
+        if self.env is not None and self.env.active:
+            return await self._run_own(task, program, base_url, agent, self.env)
         self.prepare(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
@@ -72,12 +90,39 @@ class LocalRunner:
                 base_url=base_url,
                 api_key=program.api_key,
                 agent=agent,
-                timeout_s=self.timeout_s,
+                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
             )
         except BaseException:  # no program.finish follows: free it here
             await self.svc.pool.release(program.id)
             raise
         # on success the gateway's terminate hook frees the sandbox when the program is finished
+
+    async def _run_own(
+        self,
+        task: Task,
+        program: Program,
+        base_url: str,
+        agent: AgentConfig | BlackBoxRunner,
+        env: ProgramEnvironment,
+    ) -> EpisodeResult:
+        """In a sandbox of the program's own (monitored and/or perturbed)."""
+        spec = sandbox_spec(task, self.svc.provider)
+        if isinstance(agent, BlackBoxRunner):
+            spec = agent.spec(spec)
+        events: list[Event] = []
+        clock = self.svc.gateway.gateway.clock
+        async with env.sandbox(task, program, spec, events, clock.now()) as (sb, monitor):
+            return await act_and_evaluate(
+                task,
+                sb,
+                self.svc.provider,
+                base_url=base_url,
+                api_key=program.api_key,
+                agent=agent,
+                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
+                events=events,
+                after_agent=lambda box: access_events(monitor, box, clock.now()),
+            )
 
 
 async def run_program(
@@ -104,6 +149,7 @@ async def run_program(
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
+        gw.journal.record_events(program.id, res.events)  # the agent's side: tool results, CM
         gw.programs.finish(program.id, state, res.status, res.outcome)
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
             log.warning("program=%s lost its engine; healing and re-running", program.id)
@@ -131,11 +177,28 @@ class GroupRecord:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def score(group_id: str, number: int, task: Task, trajs: list[Trajectory], cfg: Config) -> GroupRecord:
-    """Rewards (configured terms) and group-relative advantages, as trainer samples."""
-    scored = with_rewards(trajs, score_group(trajs, cfg.rewards))
-    trainable = [t for t in scored if t.num_turns > 0]
-    samples = group_samples(trainable, cfg.trainer.advantages) if trainable else []
+def score(
+    group_id: str,
+    number: int,
+    task: Task,
+    trajs: list[Trajectory],
+    cfg: Config,
+    ctx: RewardContext | None = None,
+) -> GroupRecord:
+    """Rewards (configured terms, reading ``ctx``) and group-relative advantages, as trainer
+    samples; reward-to-go gets each trajectory's per-turn rewards."""
+    breakdowns = score_group(trajs, cfg.rewards, ctx)
+    scored = with_rewards(trajs, breakdowns)
+    keep = [i for i, t in enumerate(scored) if t.num_turns > 0]
+    trainable = [scored[i] for i in keep]
+    per_turn = [breakdowns[i].per_turn for i in keep]
+    samples = group_samples(trainable, cfg.trainer.advantages, turn_rewards=per_turn) if trainable else []
+    by_id = {t.id: unrecoverable(t) for t in trainable}
+    masked = apply_masks(samples, [by_id[s.trajectory_id] for s in samples], cfg.trainer.masks)
+    left_out = sum(
+        a.num_loss_tokens > 0 and b.num_loss_tokens == 0 for a, b in zip(samples, masked, strict=True)
+    )
+    samples = masked
     versions = [v for t in scored for v in t.policy_versions]
     rewards = [t.outcome.reward or 0.0 for t in scored if t.outcome]
     return GroupRecord(
@@ -150,6 +213,9 @@ def score(group_id: str, number: int, task: Task, trajs: list[Trajectory], cfg: 
             "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
             "success": statistics.fmean(1.0 if t.outcome and t.outcome.passed else 0.0 for t in scored),
             "turns": statistics.fmean(t.num_turns for t in scored),
+            **{f"reward_{k}": statistics.fmean(b.terms[k] for b in breakdowns) for k in TERMS},
+            **event_counts(scored),
+            "count_masked_samples": float(left_out),
         },
     )
 
@@ -164,7 +230,10 @@ async def run_group(
     temperature: float,
 ) -> GroupRecord:
     """G programs of one task, concurrently, scored as one group."""
-    trajs = await asyncio.gather(
-        *(run_program(svc, runner, task, group_id, temperature, group_size=size) for _ in range(size))
+    trajs = list(
+        await asyncio.gather(
+            *(run_program(svc, runner, task, group_id, temperature, group_size=size) for _ in range(size))
+        )
     )
-    return score(group_id, number, task, list(trajs), svc.cfg)
+    ctx = await reward_context(svc.judge, task, trajs)
+    return score(group_id, number, task, trajs, svc.cfg, ctx)

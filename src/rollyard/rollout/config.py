@@ -15,10 +15,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollyard.core.errors import ConfigError
+from rollyard.agents.context import PolicyKind
+from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
+from rollyard.rl.masks import StabilityMasks
 from rollyard.rl.rewards import RewardConfig
+from rollyard.sandbox.base import SandboxSpec
+from rollyard.sandbox.perturb import Perturbation, PerturbationRecord
+from rollyard.sandbox.perturb import apply as apply_perturbation
 from rollyard.sched import Policy, make_policy
 from rollyard.train.trainer import TrainConfig
 
@@ -104,6 +109,9 @@ class GatewayConfig(_Section):
 class SandboxConfig(_Section):
     provider: Literal["bwrap", "local"] = "bwrap"
     ahead: int = Field(default=1, ge=0)  # prepared sandboxes per task, ahead of demand
+    # decoy test dirs + access times on test-like files in every program's sandbox (TEST_ACCESS
+    # events, the step's count_test_access); monitored programs get sandboxes of their own
+    monitor_tests: bool = False
 
 
 class TaskSetConfig(_Section):
@@ -121,10 +129,40 @@ class TaskSetConfig(_Section):
         return self
 
 
+class PerturbConfig(_Section):
+    """Break a program's environment on purpose (ROLL): with probability ``prob``, one of
+    ``kinds`` (``dead_mirror``; ``remove_tool`` / ``rename_tool`` with a ``target`` path)."""
+
+    prob: float = Field(default=0.0, ge=0.0, le=1.0)
+    kinds: list[Perturbation] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _applicable(self) -> PerturbConfig:
+        for p in self.kinds:
+            try:
+                apply_perturbation(SandboxSpec(), PerturbationRecord(seed=0, perturbations=[p]))
+            except InvalidRequest as e:
+                raise ValueError(e.message) from None
+        if self.prob > 0 and not self.kinds:
+            raise ValueError("perturb.prob > 0 needs at least one entry in perturb.kinds")
+        return self
+
+
 class TasksConfig(_Section):
     train: TaskSetConfig = Field(default_factory=TaskSetConfig)
     eval: TaskSetConfig | None = None  # held-out tasks; None: no held-out evaluation
     validate_tasks: bool = True  # golden passes, no-op fails, before anything runs
+    perturb: PerturbConfig = Field(default_factory=PerturbConfig)
+
+
+class ContextSection(_Section):
+    """Context management as an agent action (white-box agent): when the conversation passes
+    ``threshold`` of the engine's context (``engine.max_model_len``), apply ``policy``, tell the
+    model in-context, and start a new segment."""
+
+    policy: PolicyKind
+    threshold: float = Field(default=0.3, gt=0.0, le=1.0)
+    keep: int = Field(default=5, ge=1)  # keep_first_last: the first and last N assistant turns
 
 
 class AgentSection(_Section):
@@ -138,6 +176,10 @@ class AgentSection(_Section):
     timeout_s: float = Field(default=120.0, gt=0)  # a hung agent is terminated after this
     tool_timeout_s: float = Field(default=20.0, gt=0)
     max_tool_output_chars: int = Field(default=400, ge=64)
+    # whitebox: ``required`` makes every model turn a tool call (the gateway constrains decoding
+    # to one well-formed call; the turn records it), so even a random model acts in its sandbox
+    tool_choice: Literal["auto", "required"] = "auto"
+    context: ContextSection | None = None  # whitebox: context management; None: never compacted
 
 
 class TrainerConfig(TrainConfig):
@@ -145,10 +187,13 @@ class TrainerConfig(TrainConfig):
 
     lr: float = Field(default=1e-4, gt=0)
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    masks: StabilityMasks = Field(default_factory=StabilityMasks)  # samples left out of the loss
     threads: int = Field(default=2, ge=1)  # torch intra-op threads
+    world_size: int = Field(default=1, ge=1)  # data-parallel trainer ranks (gloo on CPU, nccl on GPU)
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig.model_validate(self.model_dump(exclude={"advantages", "threads"}))
+        local = {"advantages", "masks", "threads", "world_size"}
+        return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
 class SftConfig(_Section):
@@ -218,6 +263,18 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _ipa_chunks(self) -> Config:
+        if self.trainer.loss.kind == "ipa" and self.trainer.advantages.mode != "chunk":
+            raise ValueError("trainer.loss.kind: ipa needs trainer.advantages.mode: chunk (it trains chunks)")
+        return self
+
+    @model_validator(mode="after")
+    def _own_sandboxes_local(self) -> Config:
+        if self.ray.address and (self.sandbox.monitor_tests or self.tasks.perturb.prob > 0):
+            raise ValueError("sandbox.monitor_tests and tasks.perturb run with local workers only")
+        return self
+
+    @model_validator(mode="after")
     def _blackbox_agent(self) -> Config:
         if self.agent.kind == "blackbox":
             if not self.agent.profile:
@@ -233,6 +290,8 @@ class Config(_Section):
                     "agent.kind: blackbox runs on this machine only (the gateway's socket is local); "
                     "unset ray.address"
                 )
+            if self.agent.context is not None or self.agent.tool_choice != "auto":
+                raise ValueError("agent.context and agent.tool_choice configure the whitebox agent only")
             if self.sft.enabled:
                 raise ValueError(
                     "sft demonstrations are white-box tool calls; disable sft with a blackbox agent"

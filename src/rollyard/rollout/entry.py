@@ -83,8 +83,11 @@ def run_training(
         raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR)")
     if ray:
         overrides = {**overrides, "ray.address": ray}
-    cfg = load_config(config, overrides)
     run = RunDir(run_dir or Path("runs") / f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not config.suffix and not config.exists():  # a built-in config by name: ``full``, ``quick``
+        cfg = resolve_paths(builtin_config(str(config), overrides), run.root.resolve())
+    else:
+        cfg = load_config(config, overrides)
     return _execute(cfg, run, False)
 
 

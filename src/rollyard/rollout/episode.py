@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig, ExitReason, WhiteBoxAgent
 from rollyard.core.errors import RollyardError
+from rollyard.core.events import Event
 from rollyard.core.trajectory import Outcome
 from rollyard.sandbox.base import Sandbox, SandboxProvider
 from rollyard.tasks.evaluate import evaluate
@@ -31,6 +33,8 @@ BLACKBOX_EXITED = "exited"  # a black-box agent's process ended with status 0
 BLACKBOX_FAILED = "agent_error"  # ... or with another status
 MODEL_NAME = "policy"  # what the run's gateway serves
 
+AfterAgent = Callable[[Sandbox], Awaitable[list[Event]]]
+
 
 class EpisodeResult(BaseModel):
     """What a worker reports back: how the agent ended and what the hidden tests said."""
@@ -41,6 +45,7 @@ class EpisodeResult(BaseModel):
     outcome: Outcome
     turns: int = 0
     error: str | None = None
+    events: list[Event] = Field(default_factory=list)  # the agent's (tool results, CM rewrites)
 
     @property
     def engine_failed(self) -> bool:
@@ -55,14 +60,21 @@ def _engine_error(error: str | None) -> bool:
 
 
 async def _whitebox(
-    task: Task, sandbox: Sandbox, base_url: str, api_key: str, agent: AgentConfig, timeout_s: float
+    task: Task,
+    sandbox: Sandbox,
+    base_url: str,
+    api_key: str,
+    agent: AgentConfig,
+    timeout_s: float,
+    events: list[Event],
 ) -> tuple[str, int, str | None]:
+    """Runs the tool loop; its events land in ``events`` as they happen, so a timeout keeps them."""
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
     try:
         result = await asyncio.wait_for(
-            WhiteBoxAgent(client, agent).run(task.spec.instruction, sandbox), timeout_s
+            WhiteBoxAgent(client, agent).run(task.spec.instruction, sandbox, events=events), timeout_s
         )
     finally:
         await client.close()
@@ -96,25 +108,37 @@ async def act_and_evaluate(
     api_key: str,
     agent: AgentConfig | BlackBoxRunner,
     timeout_s: float,
+    events: list[Event] | None = None,
+    after_agent: AfterAgent | None = None,
 ) -> EpisodeResult:
-    """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace."""
+    """Run the agent in ``sandbox`` (cut off after ``timeout_s``), then evaluate the workspace.
+
+    ``events`` may already hold the environment's own (a perturbation); ``after_agent`` looks at
+    the sandbox once the agent stopped and before evaluation copies it (test-access checks)."""
     status, turns, error = "timeout", 0, None
+    events = [] if events is None else events
     try:
         if isinstance(agent, BlackBoxRunner):
             status, turns, error = await _blackbox(task, sandbox, api_key, agent, timeout_s)
         else:
-            status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s)
+            status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s, events)
     except TimeoutError:
         log.warning("task=%s agent hung past %.0f s; terminated", task.id, timeout_s)
     except RollyardError as e:
         status, error = "sandbox_error", e.message
+    if after_agent is not None:
+        events += await after_agent(sandbox)
     if status == ENGINE_FAILURE:
         return EpisodeResult(
-            status=status, outcome=Outcome(status="error", passed=False), turns=turns, error=error
+            status=status,
+            outcome=Outcome(status="error", passed=False),
+            turns=turns,
+            error=error,
+            events=events,
         )
     try:
         outcome = await evaluate(task, sandbox, provider)
     except RollyardError as e:
         outcome = Outcome(status="error", passed=False, pass_fraction=0.0, details={"error": e.message})
     outcome.details["agent_status"] = status
-    return EpisodeResult(status=status, outcome=outcome, turns=turns, error=error)
+    return EpisodeResult(status=status, outcome=outcome, turns=turns, error=error, events=events)

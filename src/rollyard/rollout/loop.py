@@ -19,7 +19,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock, SystemClock
@@ -31,6 +31,7 @@ from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services
+from rollyard.rollout.stats import step_stats
 from rollyard.rollout.sync import produce_in_steps
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.tasks.model import Task
@@ -47,10 +48,7 @@ class LoopState:
     step: int
     version: int
     ledger: GroupLedger
-    idle_s: float = 0.0
-    train_s: float = 0.0
-    failures: int = 0
-    totals: dict[str, float] = field(default_factory=lambda: {"turns": 0.0, "tokens": 0.0})
+    failures: int = 0  # groups that raised and were dropped
 
 
 class TrainingLoop:
@@ -155,12 +153,24 @@ class TrainingLoop:
         return groups
 
     async def _step(self, last: float) -> dict[str, Any]:
+        """take -> train -> publish -> record."""
         t0 = self.clock.now()
         groups = await self._take()
         t1 = self.clock.now()
-        samples = [s for g in groups for s in g.samples]
-        m = await in_daemon_thread(self.trainer.train_step, samples)
+        m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
         t2 = self.clock.now()
+        await self._publish(groups)
+        row = self._record(groups, m, last=last, took=(t0, t1, t2))
+        last_step = self.s.step == self.cfg.run.steps
+        if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
+            row.update(await self._evaluate(f"step{self.s.step}"))
+        self.run_dir.append_metrics(row)
+        if self.s.step % self.cfg.run.checkpoint_every == 0 or last_step:
+            self.save()
+        return row
+
+    async def _publish(self, groups: list[GroupRecord]) -> None:
+        """The trained weights become version step+1 on every engine; the groups are spent."""
         version = self.s.version + 1
         path = await self.publisher.publish(self.trainer.model, version)
         self.svc.fleet.live(path, version)
@@ -168,17 +178,23 @@ class TrainingLoop:
         for g in groups:
             self.s.ledger.mark_trained(g.number, self.s.step)
         self._slot.set()
-        write_parquet(self.run_dir.trajectory_file(self.s.step), [t for g in groups for t in g.trajectories])
-        wall = max(self.clock.now() - last, 1e-9)
-        self.s.idle_s += t1 - t0
-        self.s.train_s += t2 - t1
-        tokens = sum(g.completion_tokens for g in groups)
+
+    def _record(
+        self, groups: list[GroupRecord], m: dict[str, Any], *, last: float, took: tuple[float, float, float]
+    ) -> dict[str, Any]:
+        """The step's trajectories to Parquet, and its metrics row."""
+        t0, t1, t2 = took
         trajs = [t for g in groups for t in g.trajectories]
-        row: dict[str, Any] = {
+        write_parquet(self.run_dir.trajectory_file(self.s.step), trajs)
+        wall = max(self.clock.now() - last, 1e-9)
+        tokens = sum(g.completion_tokens for g in groups)
+        version = self.s.version
+        stats = step_stats([g.stats for g in groups])
+        return {
             "step": self.s.step,
             "policy_version": version,
-            "reward_mean": statistics.fmean(g.stats["reward_mean"] for g in groups),
-            "success_rate": statistics.fmean(g.stats["success"] for g in groups),
+            "reward_mean": stats.pop("reward_mean"),
+            "success_rate": stats.pop("success"),
             "turns_per_episode": statistics.fmean(t.num_turns for t in trajs),
             "tokens_per_s": tokens / wall,
             "completion_tokens": tokens,
@@ -187,21 +203,29 @@ class TrainingLoop:
             "train_s": t2 - t1,
             "wall_s": wall,
             "loss": m.get("loss"),
+            **{f"train_{k}": v for k, v in m.items() if k not in ("loss", "step")},
+            **{k: v for k, v in stats.items() if k != "turns"},
+            **self._judge_counts(),
             "groups": [g.group_id for g in groups],
             "dropped_total": len(self.s.ledger.dropped),
+            "failed_groups_total": self.s.failures,
             "engine_restarts": self.svc.fleet.restarts,
-            **{f"sched_{k}": v for k, v in self.svc.gateway.gateway.pool.counts.items()},
-            "sandbox_hook_releases": self.svc.pool.stats.hook_releases,
-            "sandbox_ahead_hits": self.svc.pool.stats.ahead_hits,
+            **self._environment_counts(),
             "time": time.time(),
         }
-        last_step = self.s.step == self.cfg.run.steps
-        if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
-            row.update(await self._evaluate(f"step{self.s.step}"))
-        self.run_dir.append_metrics(row)
-        if self.s.step % self.cfg.run.checkpoint_every == 0 or last_step:
-            self.save()
-        return row
+
+    def _environment_counts(self) -> dict[str, int]:
+        """Scheduler decisions and sandbox hooks carried out so far (program-aware scheduling)."""
+        pool = self.svc.pool.stats
+        return {
+            **{f"sched_{k}": v for k, v in self.svc.gateway.gateway.pool.counts.items()},
+            "sandbox_hook_releases": pool.hook_releases,
+            "sandbox_ahead_hits": pool.ahead_hits,
+        }
+
+    def _judge_counts(self) -> dict[str, int]:
+        j = self.svc.judge
+        return {} if j is None else {"judge_calls": j.calls, "judge_unreadable": j.unreadable}
 
     def save(self) -> None:
         extra = {"ledger": self.s.ledger.state_dict(), "version": self.s.version, "step": self.s.step}

@@ -9,6 +9,7 @@ published, so the policy version continues where it stopped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,33 +18,56 @@ from typing import Any
 from rollyard.core.errors import ConfigError
 from rollyard.rollout.collect import LocalRunner, ProgramRunner
 from rollyard.rollout.config import Config
+from rollyard.rollout.environment import ProgramEnvironment
 from rollyard.rollout.ledger import GroupLedger
 from rollyard.rollout.loop import LoopState, ProgressFn, TrainingLoop
 from rollyard.rollout.prepare import ensure_model, ensure_tasks
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, make_provider, open_services
 from rollyard.rollout.sft import warm_start
+from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
 
 
-def build_trainer(cfg: Config, model_dir: Path) -> Any:
+def load_policy(model_dir: Path) -> Any:
+    """The policy model in fp32 (a module-level function: spawned trainer ranks call it too)."""
     import torch
     from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def build_trainer(cfg: Config, model_dir: Path) -> Any:
+    """One trainer, or ``trainer.world_size`` data-parallel ranks behind the same face."""
+    import torch
 
     from rollyard.train.trainer import Trainer
 
     torch.set_num_threads(cfg.trainer.threads)
     torch.manual_seed(cfg.run.seed)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return Trainer(model, cfg.trainer.train_config())
+    # The trainer's distribution is the sampled one: logits / run.temperature (engines record
+    # logprobs of that same distribution, ``--logprobs-mode processed_logprobs``).
+    train_cfg = cfg.trainer.train_config().model_copy(update={"temperature": max(cfg.run.temperature, 1e-3)})
+    if cfg.trainer.world_size > 1:
+        from rollyard.train.ranks import RankGroup
+
+        return RankGroup(functools.partial(load_policy, model_dir), train_cfg, cfg.trainer.world_size)
+    return Trainer(load_policy(model_dir), train_cfg)
 
 
 @contextlib.asynccontextmanager
 async def make_runner(cfg: Config, svc: Services, run: RunDir) -> AsyncIterator[ProgramRunner]:
     """Local agents, or Ray rollout workers when ``ray.address`` is set."""
     if cfg.ray.address is None:
-        yield LocalRunner(svc, cfg.agent.timeout_s)
+        env = ProgramEnvironment(
+            svc.provider,
+            monitor_tests=cfg.sandbox.monitor_tests,
+            perturb_prob=cfg.tasks.perturb.prob,
+            catalogue=list(cfg.tasks.perturb.kinds),
+            seed=cfg.run.seed,
+        )
+        yield LocalRunner(svc, cfg.agent.timeout_s, env)
         return
     from rollyard.rollout.ray_runner import RayRunner
 
@@ -77,14 +101,51 @@ async def train(
     cfg: Config, run: RunDir, *, resume: bool = False, progress: ProgressFn | None = None
 ) -> dict[str, Any]:
     """Run (or continue) training; returns the last metrics row."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar per publish: our progress only
+    say = progress or (lambda _row: None)
     if not resume:
         run.create(cfg)
     provider = make_provider(cfg, run.root)
+    say(
+        {
+            "event": "phase",
+            "phase": "tasks",
+            "detail": "generating and validating" if cfg.tasks.validate_tasks else "generating",
+        }
+    )
     train_tasks, held_out = await ensure_tasks(cfg, run.root, provider)
     start = ensure_model(cfg)
     if cfg.sft.enabled:
+        say(
+            {
+                "event": "phase",
+                "phase": "sft",
+                "detail": f"{cfg.sft.demos} demonstrations, {cfg.sft.epochs} epochs",
+            }
+        )
         start = await warm_start(train_tasks, provider, start, run.root, cfg)
+    say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
     trainer = build_trainer(cfg, start)
+    try:
+        return await _train(cfg, run, trainer, start, train_tasks, held_out, resume=resume, progress=progress)
+    finally:
+        if hasattr(trainer, "close"):
+            trainer.close()
+
+
+async def _train(
+    cfg: Config,
+    run: RunDir,
+    trainer: Any,
+    start: Path,
+    train_tasks: list[Task],
+    held_out: list[Task],
+    *,
+    resume: bool,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
     weights, state = start, LoopState(step=0, version=0, ledger=GroupLedger())
     if resume and run.has_checkpoint():
         state = _resume_state(run, trainer)
@@ -102,6 +163,9 @@ async def train(
     from rollyard.train.publish import WeightPublisher
 
     tokenizer = AutoTokenizer.from_pretrained(start)
+    if progress is not None:
+        where = "attaching" if cfg.engine.urls else f"starting {cfg.engine.count} vLLM engine(s)"
+        progress({"event": "phase", "phase": "engines", "detail": f"{where}, gateway, sandboxes"})
     async with open_services(cfg, run.root, weights, state.version) as svc:
         publisher = WeightPublisher(
             svc.fleet.backends,

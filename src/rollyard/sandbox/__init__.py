@@ -10,8 +10,8 @@
 - ``LocalProvider``: no isolation, explicit ``unsafe=True`` only; the benchmark's baseline.
 - ``SandboxPool``: prepared sandboxes per task ahead of demand, bound to programs, destroyed by
   ``on_program_terminated`` or a deadline; metrics in a prometheus registry.
-- ``hygiene``: scrub leftovers against a baseline, evaluate in a fresh copy, detect access to
-  tests with decoys + access times (see that module for why this method).
+- ``hygiene``: detect access to tests with decoys + access times (see that module for why this
+  method); the run's ``sandbox.monitor_tests``.
 - ``perturb``: seeded variants and perturbations as a recorded, pure spec transformation.
 """
 
@@ -20,10 +20,7 @@ from rollyard.sandbox.bwrap import BwrapProvider, BwrapSandbox
 from rollyard.sandbox.hygiene import (
     AccessEvent,
     AccessReport,
-    ScrubReport,
     TestAccessMonitor,
-    evaluation_sandbox,
-    scrub,
 )
 from rollyard.sandbox.local import LocalProvider, LocalSandbox
 from rollyard.sandbox.perturb import Perturbation, PerturbationRecord, Variant, apply, choose
@@ -45,11 +42,8 @@ __all__ = [
     "SandboxPool",
     "SandboxProvider",
     "SandboxSpec",
-    "ScrubReport",
     "TestAccessMonitor",
     "Variant",
     "apply",
     "choose",
-    "evaluation_sandbox",
-    "scrub",
 ]

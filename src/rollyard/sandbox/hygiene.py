@@ -1,5 +1,6 @@
-"""Clean workspaces (ROLL's lessons): scrub setup leftovers, evaluate in a fresh copy, and notice
-when an agent goes looking for the tests.
+"""Notice when an agent goes looking for the tests (ROLL's hygiene lesson). Setup leftovers are
+removed by ``rollyard.tasks.sandboxing.set_up`` and evaluation runs in a fresh sandbox
+(``rollyard.tasks.evaluate``); the run switches this monitor on with ``sandbox.monitor_tests``.
 
 Test-access detection uses access times, not a shell audit (which an agent's own subprocesses
 bypass) nor inotify (which needs a watcher per sandbox). Before the agent runs, every test-like
@@ -24,10 +25,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollyard.core.errors import SandboxError
 from rollyard.core.ids import new_id
 from rollyard.sandbox import _fs
-from rollyard.sandbox.base import Sandbox, SandboxProvider, SandboxSpec
+from rollyard.sandbox.base import Sandbox, SandboxSpec
 
 TEST_PATTERNS = (
     "test_*",
@@ -54,70 +54,6 @@ class HasWorkspace(Protocol):
 def is_test_like(rel: str, patterns: Sequence[str] = TEST_PATTERNS) -> bool:
     name = rel.rsplit("/", 1)[-1]
     return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(name, p) for p in patterns)
-
-
-class ScrubReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    removed: list[str] = Field(default_factory=list)
-
-
-def scrub_plan(
-    baseline: dict[str, str], current: dict[str, str], *, remove: Sequence[str] = (), keep: Sequence[str] = ()
-) -> list[str]:
-    """What to delete: paths matching a declared artefact glob, and every path new since the
-    baseline unless it matches ``keep``. A new directory is deleted whole; pure, for tests."""
-
-    def matches(path: str, globs: Sequence[str]) -> bool:
-        return any(fnmatch.fnmatch(path, g) for g in globs)
-
-    old_dirs = {"/".join(p.split("/")[:i]) for p in baseline for i in range(1, p.count("/") + 1)}
-    out: set[str] = set()
-    for path in current:
-        parts = path.split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        declared = next((p for p in prefixes if matches(p, remove)), None)
-        if declared is not None:
-            out.add(declared)
-        elif path not in baseline and not matches(path, keep):
-            new_dir = next((p for p in prefixes[:-1] if p not in old_dirs and not matches(p, keep)), None)
-            out.add(new_dir or path)
-    return sorted(p for p in out if not any(p.startswith(q + "/") for q in out))
-
-
-async def scrub(
-    sandbox: Sandbox, baseline: dict[str, str], *, remove: Sequence[str] = (), keep: Sequence[str] = ()
-) -> ScrubReport:
-    """Delete setup / agent-installation leftovers, inside the sandbox (as its own user)."""
-    plan = scrub_plan(baseline, await sandbox.snapshot(), remove=remove, keep=keep)
-    for i in range(0, len(plan), 256):
-        r = await sandbox.exec(["rm", "-rf", "--", *plan[i : i + 256]], timeout=60)
-        if r.rc != 0:
-            raise SandboxError(f"scrub failed: {r.stderr.strip()[:500]}")
-    return ScrubReport(removed=plan)
-
-
-async def evaluation_sandbox(
-    provider: SandboxProvider,
-    finished: Sandbox,
-    tests: Path | None = None,
-    *,
-    dest: str = "tests",
-    spec: SandboxSpec | None = None,
-) -> Sandbox:
-    """A fresh sandbox holding a copy of ``finished``'s final workspace, with the hidden tests
-    added under ``dest``; the tests never existed where the agent ran. Call after the agent ended.
-    Symlinks are copied as links and uploads never follow them, so the agent cannot redirect them."""
-    if not isinstance(finished, HasWorkspace):
-        raise SandboxError(f"sandbox {finished.id} has no host workspace to copy")
-    base = (spec or finished.spec).model_copy(update={"base_dir": finished.workspace})
-    fresh = await provider.create(base)
-    try:
-        if tests is not None:
-            await fresh.upload(tests, dest)
-    except BaseException:
-        await fresh.close()
-        raise
-    return fresh
 
 
 class AccessEvent(BaseModel):

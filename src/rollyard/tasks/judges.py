@@ -8,9 +8,10 @@ import json
 import logging
 import re
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollyard.core.errors import RollyardError
+from rollyard.engines.chat import ChatClient
 from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -91,29 +92,27 @@ def parse_vote(content: str) -> tuple[bool | None, str]:
 class JudgePanel:
     """k judges asked concurrently; abstentions count as 'not yes'."""
 
-    def __init__(self, config: JudgeConfig, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: JudgeConfig, client: ChatClient | None = None) -> None:
         self.config = config
-        self._client = client or httpx.AsyncClient(timeout=config.timeout_s)
+        self._client = client or ChatClient(
+            config.base_url, api_key=config.api_key, timeout_s=config.timeout_s
+        )
         self._own_client = client is None
 
     async def _ask(self, i: int, prompt: str) -> JudgeVote:
         model = self.config.models[i % len(self.config.models)]
-        body = {
-            "model": model,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}],
-            "temperature": self.config.temperature,
-            "max_tokens": self.config.max_tokens,
-            "seed": i,
-        }
-        url = self.config.base_url.rstrip("/") + "/chat/completions"
-        headers = {"Authorization": f"Bearer {self.config.api_key}"}
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
         try:
-            r = await self._client.post(url, json=body, headers=headers)
-            r.raise_for_status()
-            content = r.json()["choices"][0]["message"]["content"] or ""
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-            log.warning("judge=%d model=%s failed: %s", i, model, e)
-            return JudgeVote(judge=i, model=model, consistent=None, reason=f"error: {e}"[:300])
+            content = await self._client.complete(
+                messages,
+                model=model,
+                temperature=self.config.temperature,
+                max_tokens=self.config.max_tokens,
+                seed=i,
+            )
+        except RollyardError as e:
+            log.warning("judge=%d model=%s failed: %s", i, model, e.message)
+            return JudgeVote(judge=i, model=model, consistent=None, reason=f"error: {e.message}"[:300])
         consistent, reason = parse_vote(content)
         return JudgeVote(judge=i, model=model, consistent=consistent, reason=reason)
 

@@ -41,8 +41,6 @@ class Variant(BaseModel):
 
     name: str = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
-    packages: dict[str, str] = Field(default_factory=dict)  # name -> version
-    mirror: str | None = None
 
 
 class SolutionKind(StrEnum):

@@ -97,7 +97,12 @@ def micro_batch_loss(
         if any(s.chunk_ids is None for s in samples):
             raise ConfigError("the ipa loss needs chunk_ids on every sample")
         chunks = torch.cat([torch.tensor(s.chunk_ids, dtype=torch.long) for s in samples])  # type: ignore[arg-type]
-        loss, metrics = losses.ipa_chunk_loss(lp, old, adv, mask, chunks.to(device), **kwargs)
+        # Train side: the trainer's own logprobs of the behaviour tokens (this forward pass, before
+        # the step); inference side: what the engine recorded. Their per-chunk gap is measured,
+        # and masked beyond ``options.mismatch_bound``.
+        loss, metrics = losses.ipa_chunk_loss(
+            lp, lp.detach(), adv, mask, chunks.to(device), infer_logprobs=old, **kwargs
+        )
     else:
         loss, metrics = _LOSSES[config.kind](lp, old, adv, mask, **kwargs)
     return loss * weight, metrics

@@ -36,14 +36,20 @@ def forward_backward(
     totals: BatchTotals | None = None,
     backward: bool = True,
     keep_logprobs: bool = False,
+    temperature: float = 1.0,
 ) -> StepResult:
-    """Run every micro-batch; ``totals`` defaults to this batch's (pass the global one under DP)."""
+    """Run every micro-batch; ``totals`` defaults to this batch's (pass the global one under DP).
+
+    ``temperature``: the sampling temperature of the behaviour tokens; logits are divided by it,
+    so the trained distribution is the one that was sampled (and matches recorded logprobs)."""
     totals = totals or BatchTotals.of(samples)
     result = StepResult()
     weighted: dict[str, float] = {}
     weight_sum = 0.0
     for mb in packed.micro_batches:
         logits = forward_logits(model, mb, impl)
+        if temperature != 1.0:
+            logits = logits / temperature
         lps, ents = sample_logprobs(logits, mb)
         mb_samples = [samples[i] for i in mb.samples]
         nan = lps[0].new_full((), float("nan"))

@@ -25,6 +25,9 @@ from rollyard.train.objective import BatchTotals, LossConfig
 from rollyard.train.packing import pack_samples
 from rollyard.train.step import StepResult, forward_backward
 
+# Reported per step with the ipa loss: train/inference mismatch per chunk, and how much was masked.
+IPA_METRICS = ("chunk_mask_frac", "mismatch_mean", "mismatch_p90", "mismatch_max")
+
 logger = logging.getLogger(__name__)
 
 
@@ -41,6 +44,7 @@ class TrainConfig(BaseModel):
     merge: bool = True  # prefix-tree merging; False trains every sample on its own
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
+    temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
 
 
 class Trainer:
@@ -98,11 +102,21 @@ class Trainer:
                 max_context=getattr(self.model.config, "max_position_embeddings", None),  # type: ignore[union-attr]
                 merge=self.config.merge,
             )
-            res = forward_backward(self.model, live, packed, self.config.loss, self.impl, totals=totals)
+            res = forward_backward(
+                self.model,
+                live,
+                packed,
+                self.config.loss,
+                self.impl,
+                totals=totals,
+                temperature=self.config.temperature,
+            )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
         self.parallel.sum_grads(self.params)
         weight = float(local.tokens)
         keys = ("entropy", "clip_frac", "approx_kl", "kl_ref")
+        if self.config.loss.kind == "ipa":
+            keys += IPA_METRICS
         sums = self.parallel.sum_floats(
             [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged)]
             + [res.metrics.get(k, 0.0) * weight for k in keys]
@@ -132,6 +146,8 @@ class Trainer:
         }
         metrics.update({k: v / tokens for k, v in zip(keys, sums[4:], strict=True)})
         metrics["kl"] = metrics.pop("approx_kl")
+        if "mismatch_max" in metrics:  # a weighted mean of maxima is not a maximum; say what it is
+            metrics["mismatch_max_mean"] = metrics.pop("mismatch_max")
         return metrics
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
-from rollyard.rl.buffer import AsyncBuffer, BufferConfig, ThreadSafeBuffer
+from rollyard.rl.buffer import AsyncBuffer, BufferConfig
 
 
 async def test_async_get_waits_until_enough_items_complete() -> None:
@@ -56,34 +55,3 @@ async def test_async_discard_wakes_a_waiter_with_the_drop() -> None:
     await buf.complete("b")
     got = await asyncio.wait_for(waiter, 5)
     assert [r.item_id for r in got.items] == ["b"] and [d.item_id for d in got.dropped] == ["a"]
-
-
-def test_threaded_producers_and_a_blocking_consumer_lose_nothing() -> None:
-    buf = ThreadSafeBuffer(BufferConfig(window_fraction=0.5))
-    n_threads, per_thread = 4, 50
-
-    def produce(t: int) -> None:
-        for i in range(per_thread):
-            buf.submit(f"{t}-{i}")
-            buf.complete(f"{t}-{i}", length=i)
-
-    threads = [threading.Thread(target=produce, args=(t,)) for t in range(n_threads)]
-    for th in threads:
-        th.start()
-    seen: list[str] = []
-    total = n_threads * per_thread
-    while len(seen) < total:
-        seen.extend(r.item_id for r in buf.get(0, min(16, total - len(seen)), timeout=5).items)
-    for th in threads:
-        th.join()
-    assert sorted(seen) == sorted(f"{t}-{i}" for t in range(n_threads) for i in range(per_thread))
-
-
-def test_threaded_get_times_out_with_what_is_ready() -> None:
-    buf = ThreadSafeBuffer(BufferConfig(rule="fifo"))
-    buf.submit("a")
-    buf.submit("b")
-    buf.complete("b")
-    assert buf.get(0, 1, timeout=0.05).items == []
-    buf.close()
-    assert buf.get(0, 1).items == []

@@ -3,7 +3,7 @@ staleness bound, whole groups) in a pure core, with asyncio and thread shells.""
 
 from rollyard.rl.buffer.config import BufferConfig, ReleaseRule, StaleAction
 from rollyard.rl.buffer.core import Release, Released, WindowedFifo
-from rollyard.rl.buffer.shell import AsyncBuffer, ThreadSafeBuffer
+from rollyard.rl.buffer.shell import AsyncBuffer
 
 __all__ = [
     "AsyncBuffer",
@@ -12,6 +12,5 @@ __all__ = [
     "ReleaseRule",
     "Released",
     "StaleAction",
-    "ThreadSafeBuffer",
     "WindowedFifo",
 ]

@@ -291,14 +291,6 @@ class WindowedFifo:
         """Items submitted and not yet released or dropped."""
         return len(self._entries)
 
-    @property
-    def num_units(self) -> int:
-        return len(self._order)
-
-    def ready_units(self) -> int:
-        """How many units ``release`` could hand out right now (ignoring staleness)."""
-        return len(self._candidates())
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly; payloads are deep-copied as they are."""
         return {

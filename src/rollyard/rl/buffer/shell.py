@@ -1,4 +1,4 @@
-"""Concurrency shells around ``WindowedFifo``: one for asyncio, one for threads.
+"""The asyncio shell around ``WindowedFifo`` (what the training loop uses).
 
 The core decides; a shell only serialises calls and lets a trainer wait for a batch.
 """
@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from typing import Any
 
 from rollyard.core.clock import Clock
@@ -71,58 +69,6 @@ class AsyncBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         return self.core.state_dict()
-
-
-class ThreadSafeBuffer:
-    """A threading face with a blocking ``get``, for trainers that run in their own thread."""
-
-    def __init__(self, config: BufferConfig, clock: Clock | None = None) -> None:
-        self.core = WindowedFifo(config, clock)
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def submit(self, item_id: str, **fields: Any) -> int:
-        with self._cond:
-            return self.core.submit(item_id, **fields)
-
-    def complete(self, item_id: str, **fields: Any) -> None:
-        with self._cond:
-            self.core.complete(item_id, **fields)
-            self._cond.notify_all()
-
-    def discard(self, item_id: str) -> None:
-        with self._cond:
-            self.core.discard(item_id)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def get(self, trainer_version: int, units: int, timeout: float | None = None) -> Release:
-        """Block until ``units`` units are released (fewer on timeout or close)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        items: list[Released] = []
-        dropped: list[Released] = []
-        taken = 0
-        with self._cond:
-            while True:
-                got = self.core.release(trainer_version, units - taken)
-                items.extend(got.items)
-                dropped.extend(got.dropped)
-                taken += _units_in(got.items, self.core.config.group_whole)
-                if taken >= units or self._closed:
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left)
-        return Release(items=items, dropped=dropped)
-
-    def state_dict(self) -> dict[str, Any]:
-        with self._cond:
-            return self.core.state_dict()
 
 
 def _units_in(items: list[Released], group_whole: bool) -> int:

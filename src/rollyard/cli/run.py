@@ -11,7 +11,9 @@ from rollyard.cli import app
 
 @app.command("train")
 def train(
-    config: Path | None = typer.Argument(None, help="run config (YAML); see rollyard/configs/demo.yaml"),
+    config: Path | None = typer.Argument(
+        None, help="run config (YAML), or a built-in one by name (demo, quick, full)"
+    ),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="where the run is written"),
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in this directory"),
     ray: str | None = typer.Option(
