@@ -93,7 +93,7 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
 
     rng = random.Random(seed)
     api = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=600)
-    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, 450 if long else 50)}]
+    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, 400 if long else 50)}]
     first = 0.0
     done = 0
     try:
