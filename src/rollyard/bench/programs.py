@@ -85,7 +85,11 @@ def _gateway(engine_url: str, model_dir: Path, policy: str) -> Iterator[str]:
             yield url
         finally:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # requests still held (a starved program) keep it up
+                proc.kill()
+                proc.wait(30)
 
 
 def _words(rng: random.Random, n: int) -> str:
