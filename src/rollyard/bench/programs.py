@@ -13,7 +13,10 @@ Reported (medians over rounds): ``thr_vs_vllm`` = rollyard turns/min over direct
 rollyard path, ``long_short_ttft`` = the median first-response time of long-prompt programs
 over that of short-prompt ones (rollyard; thunder's in the details), ``hold_p99_s`` (the
 gateway's hold-time histogram, upper bucket bound) and the prefix-cache ``hit_rate`` under
-rollyard. One engine only: two engines on two shared cores measure contention, not routing.
+rollyard. A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (300 s) ends its program (counted
+in ``timed_out``; its turns so far count). One engine only: two engines on two shared cores
+measure contention, not routing. ``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS`` and
+``_KV_TOKENS`` size the run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from rollyard.core.net import free_port
 
 ADMIN = "bench-admin"
 PATHS = ("direct", "fifo", "thunder", "rollyard")
+TIMEOUT_S = float(os.environ.get("ROLLYARD_BENCH_TIMEOUT_S", 300))
 WORDS = ["module", "class", "import", "return", "value", "config", "parser", "buffer", "engine", "token"]
 
 
@@ -81,7 +85,11 @@ def _gateway(engine_url: str, model_dir: Path, policy: str) -> Iterator[str]:
             yield url
         finally:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # requests still held (a starved program) keep it up
+                proc.kill()
+                proc.wait(30)
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -92,14 +100,19 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
     import openai
 
     rng = random.Random(seed)
-    api = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=600)
-    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, 450 if long else 50)}]
+    api = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=TIMEOUT_S)
+    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, 400 if long else 50)}]
     first = 0.0
     done = 0
     try:
         for k in range(turns):
             t0 = time.perf_counter()
-            r = await api.chat.completions.create(model="tiny", messages=msgs, max_tokens=32, temperature=1.0)
+            try:
+                r = await api.chat.completions.create(
+                    model="tiny", messages=msgs, max_tokens=32, temperature=1.0
+                )
+            except openai.APITimeoutError:  # starved past the client's patience: counted, not fatal
+                return {"long": long, "first_s": first or TIMEOUT_S, "turns": done, "timed_out": True}
             if k == 0:
                 first = time.perf_counter() - t0
             done += 1
@@ -108,7 +121,7 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
             msgs.append({"role": "user", "content": f"tool {k}: " + _words(rng, rng.randint(30, 90))})
     finally:
         await api.close()
-    return {"long": long, "first_s": first, "turns": done}
+    return {"long": long, "first_s": first, "turns": done, "timed_out": False}
 
 
 async def _engine_counts(url: str) -> tuple[int, int, int]:
@@ -171,12 +184,15 @@ async def _run_path(
         "ttft_long_s": statistics.median(firsts[True]),
         "ttft_short_s": statistics.median(firsts[False]),
         "hold_p99_s": hold,
+        "timed_out": sum(p["timed_out"] for p in progs),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
     }
 
 
 def main(quick: bool = False) -> None:
-    n, turns, rounds = (8, 3, 1) if quick else (int(os.environ.get("ROLLYARD_BENCH_PROGRAMS", 24)), 6, 2)
+    env = os.environ.get
+    n, turns, rounds = (8, 3, 1) if quick else (int(env("ROLLYARD_BENCH_PROGRAMS", 24)), 6, 2)
+    turns, rounds = int(env("ROLLYARD_BENCH_TURNS", turns)), int(env("ROLLYARD_BENCH_ROUNDS", rounds))
     kv_tokens = int(os.environ.get("ROLLYARD_BENCH_KV_TOKENS", 8192))
     per_path: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
     with _engine(kv_tokens) as (engine_url, model_dir):
@@ -211,6 +227,7 @@ def main(quick: bool = False) -> None:
         "kv_tokens": kv_tokens,
         "model": "tiny",
         "per_path": per_path,
+        "timeout_s": TIMEOUT_S,
         "medians": {
             p: {k: med(p, k) for k in ("turns_per_min", "preemptions", "long_short_ttft", "hit_rate")}
             for p in PATHS

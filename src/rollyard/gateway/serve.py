@@ -111,7 +111,10 @@ def serve(
     if uds is not None:
         sockets.append(bind_unix_socket(uds))
         print(f"rollyard gateway: unix socket {uds}", flush=True)
-    config = uvicorn.Config(create_app(gw), log_level="warning", access_log=False)
+    # requests held by the scheduler (a paused program) would keep a graceful stop waiting forever
+    config = uvicorn.Config(
+        create_app(gw), log_level="warning", access_log=False, timeout_graceful_shutdown=10
+    )
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:

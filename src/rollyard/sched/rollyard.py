@@ -39,7 +39,7 @@ class AgingAdmission(ThunderAdmission):
     ) -> None:
         super().__init__(budget, max_hold_s, acting_decay)
         self.age_s = age_s
-        self.reserve_after_s = max_hold_s / 3 if reserve_after_s is None else reserve_after_s
+        self.reserve_after_s = min(5.0, max_hold_s / 3) if reserve_after_s is None else reserve_after_s
         self.min_run_s = min_run_s
 
     def restore_order(self, candidates: list[ProgramView], now: float) -> list[ProgramView]:
