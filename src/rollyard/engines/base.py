@@ -51,6 +51,11 @@ class EngineStats(BaseModel):
     preemptions: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    # speculative decoding, cumulative since the engine started (all zero without drafting)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = Field(default_factory=list)
 
 
 @runtime_checkable

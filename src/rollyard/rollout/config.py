@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollyard.core.errors import ConfigError
+from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.rewards import RewardConfig
@@ -45,6 +46,7 @@ class EngineConfig(_Section):
     max_model_len: int = Field(default=2048, ge=64)
     startup_timeout_s: float = Field(default=300.0, gt=0)
     restart_on_death: bool = True
+    drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
 
 
 class SchedulingConfig(_Section):

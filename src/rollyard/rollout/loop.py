@@ -187,6 +187,7 @@ class TrainingLoop:
             "dropped_total": len(self.s.ledger.dropped),
             "engine_restarts": self.svc.fleet.restarts,
             "time": time.time(),
+            **await self.svc.fleet.drafting_metrics(),
         }
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
