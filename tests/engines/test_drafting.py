@@ -172,3 +172,51 @@ def test_draft_length_shrinks_as_the_batch_fills() -> None:
 def test_settings_come_from_the_environment() -> None:
     s = DrafterSettings.from_env({"ROLLYARD_DRAFT_BUDGET": "8", "ROLLYARD_DRAFT_MIN_PROB": "0.5"})
     assert s.budget == 8 and s.min_prob == 0.5
+
+
+SPEC_METRICS = """\
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 10.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny"} 1.7e+09
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 40.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 15.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="2"} 2.0
+"""
+
+
+def test_acceptance_length_and_per_position_rates_come_from_vllm_counters() -> None:
+    from rollyard.engines.metrics import acceptance, parse_vllm_metrics
+
+    stats = parse_vllm_metrics(SPEC_METRICS)
+    assert (stats.spec_drafts, stats.spec_draft_tokens, stats.spec_accepted_tokens) == (10, 40, 15)
+    assert stats.spec_accepted_per_pos == [8, 5, 2]
+    since_start = acceptance(None, [stats])
+    assert since_start["spec_acceptance_len"] == 2.5
+    assert since_start["spec_accepted_per_pos"] == [0.8, 0.5, 0.2]
+    later = stats.model_copy(update={"spec_drafts": 20, "spec_accepted_tokens": 20})
+    assert acceptance([stats], [later])["spec_acceptance_len"] == 1.5  # 5 more accepted in 10 drafts
+    assert acceptance([later], [stats])["spec_drafts"] == 10  # counters went down: a restart
+    assert acceptance([stats], [stats]) == {}  # nothing drafted in between
+
+
+def test_the_drafting_config_becomes_vllm_flags_and_environment() -> None:
+    import json
+
+    from rollyard.engines.drafting import DraftingConfig
+
+    assert DraftingConfig().engine_args() == []
+    cfg = DraftingConfig.parse("grouped_suffix:8").model_copy(update={"budget": 32})
+    flag, spec = cfg.engine_args()
+    assert flag == "--speculative-config"
+    assert json.loads(spec) == {
+        "method": "custom_class",
+        "model": "rollyard.engines.drafting.GroupedSuffixDrafter",
+        "num_speculative_tokens": 8,
+    }
+    assert cfg.environment() == {"ROLLYARD_DRAFT_BUDGET": "32"}
+    assert json.loads(DraftingConfig.parse("ngram").engine_args()[1])["method"] == "ngram"
