@@ -25,6 +25,9 @@ async def test_a_run_with_the_grouped_drafter_trains_and_records_acceptance(
             "model.create": False,
             "run.progress": False,
             "run.steps": 1,
+            # Greedy, the random tiny model repeats itself, so the drafter has something to draft.
+            "run.temperature": 0.0,
+            "agent.max_tokens": 64,
             "engine.startup_timeout_s": 600,
             "engine.drafting": {"method": "grouped_suffix", "k": 4},
         },
