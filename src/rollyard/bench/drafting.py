@@ -180,7 +180,7 @@ def _loadavg() -> str:
 def main(quick: bool = False) -> dict[str, Any]:
     k = 4
     levels = [16] if quick else [4, 16]
-    n_prompts, max_tokens, sft_steps = (1, 48, 20) if quick else (2, 96, 40)
+    n_prompts, max_tokens, sft_steps = (1, 48, 40) if quick else (2, 64, 40)
     t0 = time.perf_counter()
     model = bench_model(sft_steps)
     prompts = _prompts(model, n_prompts)
