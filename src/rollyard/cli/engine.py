@@ -28,13 +28,27 @@ def serve(
     max_model_len: int = typer.Option(2048, "--max-model-len"),
     log_file: Path | None = typer.Option(None, "--log", help="engine log file (default: a temp file)"),
     timeout: float = typer.Option(300.0, help="seconds to wait for health"),
+    drafting: str = typer.Option(
+        "none",
+        "--drafting",
+        help="speculative drafting METHOD[:K]: grouped_suffix (a suffix index per RL group), "
+        "solo_suffix, ngram or none; K tokens at most per step (default 4)",
+    ),
 ) -> None:
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
+    from pydantic import ValidationError
+
+    from rollyard.core.errors import ConfigError
+    from rollyard.engines.drafting import DraftingConfig
     from rollyard.engines.launcher import VLLMServer
 
+    try:
+        draft = DraftingConfig.parse(drafting)
+    except ValidationError as e:
+        raise ConfigError(f"--drafting {drafting!r}: {e.errors()[0]['msg']}") from e
     server = VLLMServer(
         model, port=port, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
-        log_path=log_file, startup_timeout_s=timeout,
+        log_path=log_file, startup_timeout_s=timeout, drafting=draft,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)
     with server:

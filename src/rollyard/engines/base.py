@@ -53,6 +53,11 @@ class EngineStats(BaseModel):
     prefix_cache_queries: int = 0
     prefill_tokens: int = 0  # computed (not cached) prompt tokens, total
     prefill_s: float = 0.0  # seconds requests spent in prefill, total
+    # speculative decoding, cumulative since the engine started (all zero without drafting)
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = Field(default_factory=list)
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ import httpx
 
 from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import free_port
+from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.tiny_model import check_model_dir, model_positions
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ class VLLMServer:
     """A local vLLM OpenAI-compatible server; also a context manager.
 
     ``kv_tokens`` caps the KV cache (via a block-count override) so KV pressure is
-    reproducible on a laptop. ``cpu_threads`` pins the engine's OpenMP threads.
+    reproducible on a laptop. ``cpu_threads`` pins the engine's OpenMP threads. ``drafting``
+    turns on speculative decoding (``engine.drafting``).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class VLLMServer:
         block_size: int = DEFAULT_BLOCK_SIZE,
         extra_args: list[str] | None = None,
         cpu_threads: str | None = None,
+        drafting: DraftingConfig | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.host = host
@@ -78,6 +81,7 @@ class VLLMServer:
         self.block_size = block_size
         self.extra_args = list(extra_args or [])
         self.cpu_threads = cpu_threads
+        self.drafting = drafting or DraftingConfig()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -109,7 +113,7 @@ class VLLMServer:
                 )
             blocks = math.ceil(self.kv_tokens / self.block_size)
             args += ["--num-gpu-blocks-override", str(blocks)]
-        return args + self.extra_args
+        return args + self.drafting.engine_args() + self.extra_args
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -120,6 +124,7 @@ class VLLMServer:
             VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc (weight reload)
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
+        env.update(self.drafting.environment())
         if not has_cuda_gpu():
             cpus = os.cpu_count() or 1
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads or f"0-{max(0, cpus - 1)}")

@@ -1,6 +1,8 @@
-"""Read vLLM's Prometheus ``/metrics`` text into ``EngineStats``."""
+"""Read vLLM's Prometheus ``/metrics`` text into ``EngineStats``; speculative-decoding acceptance."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,6 +12,7 @@ from rollyard.engines.base import EngineStats
 def parse_vllm_metrics(text: str) -> EngineStats:
     """Sum each metric over its label sets (one engine may report several model labels)."""
     values: dict[str, float] = {}
+    per_pos: dict[int, int] = {}
     kv_capacity = 0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -20,6 +23,10 @@ def parse_vllm_metrics(text: str) -> EngineStats:
                     kv_capacity = int(size)
                 elif s.labels.get("num_gpu_blocks") and s.labels.get("block_size"):
                     kv_capacity = int(s.labels["num_gpu_blocks"]) * int(s.labels["block_size"])
+                continue
+            if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                pos = int(s.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0) + int(s.value)
                 continue
             values[name] = values.get(name, 0.0) + float(s.value)
     return EngineStats(
@@ -36,4 +43,40 @@ def parse_vllm_metrics(text: str) -> EngineStats:
         ),
         prefill_tokens=int(values.get("vllm:request_prefill_kv_computed_tokens_sum", 0)),
         prefill_s=values.get("vllm:request_prefill_time_seconds_sum", 0.0),
+        spec_drafts=int(values.get("vllm:spec_decode_num_drafts_total", 0)),
+        spec_draft_tokens=int(values.get("vllm:spec_decode_num_draft_tokens_total", 0)),
+        spec_accepted_tokens=int(values.get("vllm:spec_decode_num_accepted_tokens_total", 0)),
+        spec_accepted_per_pos=[per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)],
     )
+
+
+def acceptance(before: list[EngineStats] | None, after: list[EngineStats]) -> dict[str, Any]:
+    """Speculative decoding between two reads of the same engines (``before`` None: since start).
+
+    Mean acceptance length = 1 + accepted / drafts (tokens a request advances per verified draft,
+    counting the one the target model always adds); per position: the fraction of drafts whose
+    i-th token was accepted. An engine whose counters went down was restarted: its ``after``
+    counts alone are used. Empty when nothing was drafted."""
+    drafts = tokens = accepted = 0
+    per_pos: list[int] = []
+    for i, a in enumerate(after):
+        b = before[i] if before is not None and i < len(before) else None
+        if b is None or a.spec_drafts < b.spec_drafts:
+            b = EngineStats()
+        drafts += a.spec_drafts - b.spec_drafts
+        tokens += a.spec_draft_tokens - b.spec_draft_tokens
+        accepted += a.spec_accepted_tokens - b.spec_accepted_tokens
+        for pos, n in enumerate(a.spec_accepted_per_pos):
+            old = b.spec_accepted_per_pos[pos] if pos < len(b.spec_accepted_per_pos) else 0
+            per_pos += [0] * (pos + 1 - len(per_pos))
+            per_pos[pos] += n - old
+    if drafts <= 0:
+        return {}
+    return {
+        "spec_drafts": drafts,
+        "spec_draft_tokens": tokens,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_len": 1.0 + accepted / drafts,
+        "spec_accept_rate": accepted / tokens if tokens else 0.0,
+        "spec_accepted_per_pos": [round(n / drafts, 4) for n in per_pos],
+    }

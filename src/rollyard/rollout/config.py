@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
+from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.masks import StabilityMasks
@@ -50,6 +51,7 @@ class EngineConfig(_Section):
     max_model_len: int = Field(default=2048, ge=64)
     startup_timeout_s: float = Field(default=300.0, gt=0)
     restart_on_death: bool = True
+    drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
 
 
 class SchedulingConfig(_Section):

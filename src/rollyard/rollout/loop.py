@@ -161,6 +161,7 @@ class TrainingLoop:
         t2 = self.clock.now()
         await self._publish(groups)
         row = self._record(groups, m, last=last, took=(t0, t1, t2))
+        row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
             row.update(await self._evaluate(f"step{self.s.step}"))

@@ -17,6 +17,7 @@ PLOTS = (
     ("tokens_per_s", "tokens / s", "tokens_per_s.png"),
     ("staleness", "staleness (versions)", "staleness.png"),
     ("turns_per_episode", "turns per episode", "turns.png"),
+    ("spec_acceptance_len", "mean acceptance length (drafting)", "acceptance.png"),
 )
 
 
@@ -37,7 +38,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out["eval_gain_points"] = 100.0 * (out["eval_end"] - out["eval_start"])
     if steps:
         out["rl_steps_wall_s"] = sum(float(r.get("wall_s") or 0.0) for r in steps)  # not SFT, evals, start-up
-        for key in ("reward_mean", "tokens_per_s", "staleness", "trainer_idle_fraction", "turns_per_episode"):
+        keys = ("reward_mean", "tokens_per_s", "staleness", "trainer_idle_fraction", "turns_per_episode")
+        for key in (*keys, "spec_acceptance_len"):
             vals = [float(r[key]) for r in steps if r.get(key) is not None]
             if vals:
                 out[f"{key}_mean"] = statistics.fmean(vals)

@@ -24,9 +24,11 @@ import uvicorn
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
-from rollyard.core.errors import ConfigError, EngineStartError, SandboxError
+from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError
 from rollyard.core.net import free_port
+from rollyard.engines.base import EngineStats
 from rollyard.engines.launcher import VLLMServer
+from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.serve import bind_tcp, bind_unix_socket
@@ -62,6 +64,17 @@ class EngineFleet:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     restarts: int = 0
     closing: bool = False  # set first at teardown: a dead engine is then not restarted
+    _spec_seen: list[EngineStats] | None = None
+
+    async def drafting_metrics(self) -> dict[str, object]:
+        """Speculative decoding since the last call over all engines (``{}`` when none drafted)."""
+        try:
+            now = [await b.stats() for b in self.backends]
+        except EngineUnavailable:
+            return {}
+        out = acceptance(self._spec_seen, now)
+        self._spec_seen = now
+        return out
 
     def live(self, path: Path, version: int) -> None:
         """Record the weights now live, so a restart comes back on them."""
@@ -137,6 +150,7 @@ def start_engines(
                     log_path=run_dir / "logs" / f"engine{i}.log",
                     startup_timeout_s=cfg.engine.startup_timeout_s,
                     extra_args=list(LOGPROBS_OF_SAMPLED),
+                    drafting=cfg.engine.drafting,
                 )
                 servers.append(server)
                 server.start()

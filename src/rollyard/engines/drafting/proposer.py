@@ -1,0 +1,149 @@
+"""The vLLM proposer: grouped suffix drafting inside the engine's model runner.
+
+vLLM 0.32 loads it with ``--speculative-config '{"method": "custom_class", "model":
+"rollyard.engines.drafting.GroupedSuffixDrafter", "num_speculative_tokens": K}'``, constructs it
+with the engine's ``VllmConfig``, calls ``load_model(model)`` once and, after every step's
+bookkeeping, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)``: per batch
+row, the tokens just accepted, the row's length and the row's tokens. It returns one draft per
+row (an empty one: no speculation for that row); vLLM verifies the drafts with the target model,
+so the output distribution is unchanged whatever is drafted.
+
+It runs inside the engine process: it imports only numpy and the standard library. Its knobs
+come from the environment the launcher sets (``ROLLYARD_DRAFT_*``, see ``DrafterSettings``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from rollyard.engines.drafting.groups import GroupIndexes, GroupTable
+from rollyard.engines.drafting.rows import Request, RowTracker
+
+ENV_PREFIX = "ROLLYARD_DRAFT_"
+PROMPT_TOKENS_INDEXED = 4096  # a root prompt's last tokens go into its group's index
+
+
+@dataclass(frozen=True)
+class DrafterSettings:
+    """The drafter's knobs; each may be set as ``ROLLYARD_DRAFT_<NAME>`` in the engine's env.
+
+    ``budget``: draft tokens per engine step over the whole batch, so drafts shorten as the
+    batch fills (speculation is wasted compute on a saturated engine) and stop past ``budget``
+    running requests. ``min_match`` / ``min_prob``: draft only after a matched suffix of at least
+    this many tokens and while the draft's estimated chance of being right stays above this."""
+
+    budget: int = 64
+    min_match: int = 2
+    min_prob: float = 0.1
+    depth: int = 8
+    max_tokens: int = 65536  # per group
+    max_groups: int = 256
+    expire_s: float = 600.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> DrafterSettings:
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = float(raw) if f.type == "float" else int(raw)
+        return cls(**values)
+
+    def draft_len(self, k_max: int, running: int) -> int:
+        """Tokens to draft per request when ``running`` requests decode in this step."""
+        return max(0, min(k_max, self.budget // max(1, running)))
+
+
+class GroupedSuffixDrafter:
+    """Drafts each request's next tokens from its RL group's suffix index (all siblings' output)."""
+
+    grouped = True
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        settings: DrafterSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        spec = vllm_config.speculative_config
+        self.k_max = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.settings = settings or DrafterSettings.from_env()
+        s = self.settings
+        self.table = GroupTable()
+        self.indexes = GroupIndexes(
+            clock, max_groups=s.max_groups, expire_s=s.expire_s, depth=s.depth, max_tokens=s.max_tokens
+        )
+        self.rows = RowTracker(on_evict=self._forget)
+        self.steps = 0
+
+    def load_model(self, *args: object, **kwargs: object) -> None:
+        """The CPU runner calls this with the target model; there is no draft model to load."""
+
+    def _forget(self, req: Request) -> None:
+        index = self.indexes.peek(req.group)
+        if index is not None:
+            index.forget(req.seq)
+
+    def _join(self, req: Request, row: np.ndarray) -> None:
+        """Give a new request its group; a new group's index starts with the root prompt."""
+        prompt = row[: req.prompt_len]
+        if self.grouped:
+            req.group, fresh = self.table.group_of(prompt)
+        else:
+            req.group, fresh = self.table.new_group(prompt), True
+        index = self.indexes.get(req.group)
+        if fresh or index.tokens == 0:  # new, or dropped and recreated
+            root = ("root", req.seq)
+            index.start(root)
+            index.extend(root, prompt[-PROMPT_TOKENS_INDEXED:].tolist())
+            index.forget(root)
+        index.start(req.seq, prompt[-index.depth :].tolist())
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        *args: object,
+        **kwargs: object,
+    ) -> list[list[int]]:
+        """One draft per row: record the row's new tokens in its group, then draft from it."""
+        self.steps += 1
+        if self.steps % 256 == 0:
+            self.indexes.sweep()
+        running = sum(1 for s in sampled_token_ids if len(s))
+        k = self.settings.draft_len(self.k_max, running)
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            if not len(sampled):
+                drafts.append([])
+                continue
+            n = int(num_tokens_no_spec[i])
+            row = token_ids_cpu[i]
+            req, new = self.rows.observe(row, n, len(sampled))
+            if new:
+                self._join(req, row)
+            index = self.indexes.get(req.group)
+            index.extend(req.seq, row[n - len(sampled) : n].tolist())
+            room = min(k, self.max_model_len - n - 1)
+            if room <= 0:
+                drafts.append([])
+                continue
+            context = row[max(0, n - index.depth) : n].tolist()
+            drafts.append(index.draft(context, room, self.settings.min_match, self.settings.min_prob))
+        return drafts
+
+
+class SoloSuffixDrafter(GroupedSuffixDrafter):
+    """The same drafter with no group: each request drafts from its own prompt and output only
+    (the benchmark's per-request baseline)."""
+
+    grouped = False
