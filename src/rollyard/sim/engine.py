@@ -45,10 +45,6 @@ class EngineRequest:
     def __post_init__(self) -> None:
         self.target = self.prompt_tokens
 
-    @property
-    def prefilling(self) -> bool:
-        return self.computed < self.target
-
 
 @dataclass
 class _Run:
