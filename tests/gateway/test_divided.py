@@ -145,3 +145,33 @@ def test_short_requests_and_constrained_ones_run_in_one_piece(pair) -> None:
     r = div.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {p['api_key']}"})
     assert r.status_code == 200, r.text
     assert [m for _, m in engine.calls] == [16, 64]
+
+
+async def test_the_next_chunk_competes_for_the_slot_its_predecessor_freed(tok: FastTokenizer) -> None:
+    """A chunk boundary must not hand the request's slot to a queued stranger first."""
+    import asyncio
+
+    from rollyard.core.clock import FakeClock
+    from rollyard.gateway.metrics import GatewayMetrics
+    from rollyard.gateway.pool import EnginePool
+    from rollyard.sched import Scheduler, make_policy
+
+    pool = EnginePool(
+        {"e": PrefixEngine(tok, "e")}, Scheduler(FakeClock(), make_policy("seer")), GatewayMetrics(), 1
+    )
+    first = await pool.acquire("long", 10, 500, chunk=0)
+    stranger = asyncio.ensure_future(pool.acquire("short", 10, 20))
+    await asyncio.sleep(0)
+    assert not stranger.done()  # the engine's one slot is taken
+
+    async def next_chunk() -> object:  # as the gateway does: release, then submit in the same step
+        pool.release(first, final=False)
+        return await pool.acquire("long", 74, 436, chunk=1)
+
+    nxt = asyncio.ensure_future(next_chunk())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert nxt.done() and not stranger.done()  # longest first: the chunk keeps the slot
+    pool.release(nxt.result())
+    await asyncio.sleep(0)
+    assert stranger.done()

@@ -99,3 +99,21 @@ def test_a_blackbox_agent_needs_a_known_profile_no_sft_and_no_ray(
         builtin_config("demo", overrides)
     ok = builtin_config("demo", {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False})
     assert ok.agent.profile == "openai"
+
+
+def test_sync_mode_seer_policy_and_divided_rollout_are_config_keys(tmp_path: Path) -> None:
+    text = "model: {path: m}\nrun: {mode: sync}\ngateway: {policy: seer, divided: {chunk_tokens: 64}}\n"
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.run.mode == "sync" and cfg.gateway.divided and cfg.gateway.divided.chunk_tokens == 64
+    assert cfg.gateway.scheduling.build().name == "seer"
+    assert builtin_config("quick").gateway.divided is None and builtin_config("quick").run.mode == "async"
+    with pytest.raises(ConfigError, match=r"run\.mode"):
+        load_config(write(tmp_path, "model: {path: m}\nrun: {mode: lockstep}\n"))
+    with pytest.raises(ConfigError, match=r"gateway\.divided\.chunk_tokens"):
+        load_config(write(tmp_path, "model: {path: m}\ngateway: {divided: {chunk_tokens: 0}}\n"))
+    with pytest.raises(ConfigError, match="starve_s"):
+        load_config(
+            write(
+                tmp_path, "model: {path: m}\ngateway: {policy: seer, scheduling: {options: {starve_s: -1}}}\n"
+            )
+        )

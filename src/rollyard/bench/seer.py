@@ -117,6 +117,7 @@ async def one_round(
 
 
 async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    from concurrent.futures import ThreadPoolExecutor
     from contextlib import ExitStack
 
     from rollyard.engines.launcher import VLLMServer
@@ -124,11 +125,19 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with ExitStack() as stack:
         servers = [
-            stack.enter_context(
-                VLLMServer(model_dir, kv_tokens=cfg["kv_tokens"], max_model_len=2048, cpu_threads=str(i))
+            VLLMServer(
+                model_dir,
+                kv_tokens=cfg["kv_tokens"],
+                max_model_len=2048,
+                cpu_threads=str(i),  # one core each: two instances, as in Seer's setting
+                startup_timeout_s=900.0,  # shared 2-core machine under load
             )
             for i in range(2)
         ]
+        for s in servers:
+            stack.callback(s.stop)
+        with ThreadPoolExecutor(2) as pool:  # both start at once
+            list(pool.map(lambda s: s.start(), servers))
         urls = [s.url for s in servers]
         warm = [[16, 16]]
         await one_round(urls, model_dir, warm, "base", cfg["chunk"], cfg["capacity"])

@@ -84,9 +84,16 @@ class EnginePool:
         return d
 
     def release(self, start: Start, output_tokens: int | None = None, *, final: bool = True) -> None:
-        """The request ended (``final=False``: one chunk of a divided request ended; more follow)."""
+        """The request ended (``final=False``: one chunk of a divided request ended; more follow).
+
+        After a chunk the freed slot is handed out on the loop's next turn, not now: the next
+        chunk is submitted before that, so it competes for its own slot in the policy's order
+        instead of losing it to whatever was queued."""
         self.scheduler.complete(start.request_id, output_tokens, final=final)
-        self._pump()
+        if final:
+            self._pump()
+        else:
+            asyncio.get_running_loop().call_soon(self._pump)
 
     def on_decision(self, hook: Callable[[Pause | Restore], None]) -> None:
         """Called with every pause and restore carried out (the program table mirrors them)."""
