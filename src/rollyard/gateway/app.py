@@ -20,6 +20,7 @@ from rollyard.gateway import (
     routes_openai_responses,
 )
 from rollyard.gateway.edge import PREFIXES
+from rollyard.gateway.limits import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
@@ -52,8 +53,18 @@ def build_gateway(
     return Gateway(pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model)
 
 
-def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
-    """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs."""
+def create_app(
+    gateway: Gateway,
+    poll_interval_s: float = 2.0,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    open_metrics: bool = False,
+) -> FastAPI:
+    """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs.
+
+    Bodies over ``max_body_bytes`` get a 413 before they are read whole. ``/metrics`` needs the
+    admin token unless ``open_metrics`` (vLLM's is open; open it when a network policy guards it).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +86,8 @@ def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
 
     app = FastAPI(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.open_metrics = open_metrics
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     errors.install(app)
     app.include_router(routes_meta.router)
     app.include_router(routes_admin.router)

@@ -11,6 +11,7 @@ from rollyard.engines.chat_template import IM_END
 
 class Tokenizer(Protocol):
     eos_id: int
+    vocab_size: int  # 0 when unknown
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -31,6 +32,7 @@ class FastTokenizer:
         if eos is None:
             raise ConfigError(f"tokenizer in {model_dir} has no {IM_END} token; not a rollyard chat model")
         self.eos_id: int = eos
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

@@ -1,0 +1,158 @@
+"""Anthropic Messages request body: content blocks, tools and ``tool_choice`` by ``type``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Tag
+
+from rollyard.gateway.bodies.common import Body, MaxTokens, Name, Part, Temperature, TopK, TopP, tag
+
+
+class TextBlock(Part):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(Part):
+    """In the schema so the answer can say why it is refused (this model reads text)."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
+class DocumentBlock(Part):
+    type: Literal["document"]
+    source: dict[str, Any]
+
+
+class ToolUseBlock(Part):
+    type: Literal["tool_use"]
+    id: str = ""
+    name: Name
+    input: dict[str, Any] | str | None = None
+
+
+ResultPart = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[DocumentBlock, Tag("document")],
+    tag("type"),
+]
+
+
+class ToolResultBlock(Part):
+    type: Literal["tool_result"]
+    tool_use_id: str = ""
+    content: str | list[ResultPart] | None = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(Part):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Part):
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+Block = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ImageBlock, Tag("image")]
+    | Annotated[DocumentBlock, Tag("document")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[ThinkingBlock, Tag("thinking")]
+    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
+    tag("type"),
+]
+
+
+class MessageParam(Part):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[Block]
+
+
+class AnthropicCustomTool(Part):
+    type: Literal["custom"] = "custom"
+    name: Name
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ServerTool(Part):
+    """A hosted tool (``web_search_...``, ``bash_...``): it cannot run here, so it is skipped."""
+
+    type: str
+    name: str = ""
+
+
+Tool = Annotated[
+    Annotated[AnthropicCustomTool, Tag("custom")] | Annotated[ServerTool, Tag("server")],
+    tag("type", "custom", known=("custom",), other="server"),
+]
+
+
+class AutoChoice(Part):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnyChoice(Part):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool | None = None
+
+
+class ToolChoiceNamed(Part):
+    type: Literal["tool"]
+    name: Name
+    disable_parallel_tool_use: bool | None = None
+
+
+class NoneChoice(Part):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[
+    Annotated[AutoChoice, Tag("auto")]
+    | Annotated[AnyChoice, Tag("any")]
+    | Annotated[ToolChoiceNamed, Tag("tool")]
+    | Annotated[NoneChoice, Tag("none")],
+    tag("type", "auto"),
+]
+
+# Accepted and recorded as ignored.
+IGNORED = (
+    "thinking",
+    "context_management",
+    "output_config",
+    "metadata",
+    "stop_sequences",
+    "service_tier",
+    "container",
+    "mcp_servers",
+)
+
+
+class MessagesBody(Body):
+    model: str = ""
+    max_tokens: MaxTokens | None = None
+    messages: list[MessageParam]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    stream: bool | None = False
+    thinking: dict[str, Any] | None = None
+    context_management: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    service_tier: str | None = None
+    container: str | dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None

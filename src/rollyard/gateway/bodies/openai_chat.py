@@ -1,0 +1,198 @@
+"""OpenAI Chat Completions request body: messages by ``role``, content parts and tools by ``type``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, Tag
+
+from rollyard.gateway.bodies.common import (
+    Body,
+    MaxTokens,
+    Name,
+    Part,
+    Penalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    tag,
+)
+
+
+class ChatTextPart(Part):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrlPart(Part):
+    """Accepted by the schema so the answer can say why it is refused (this model reads text)."""
+
+    type: Literal["image_url"]
+    image_url: dict[str, Any]
+
+
+class InputAudioPart(Part):
+    type: Literal["input_audio"]
+    input_audio: dict[str, Any]
+
+
+class FilePart(Part):
+    type: Literal["file"]
+    file: dict[str, Any]
+
+
+class RefusalPart(Part):
+    type: Literal["refusal"]
+    refusal: str
+
+
+UserPart = Annotated[
+    Annotated[ChatTextPart, Tag("text")]
+    | Annotated[ImageUrlPart, Tag("image_url")]
+    | Annotated[InputAudioPart, Tag("input_audio")]
+    | Annotated[FilePart, Tag("file")],
+    tag("type"),
+]
+AssistantPart = Annotated[
+    Annotated[ChatTextPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")], tag("type")
+]
+
+
+class FunctionCall(Part):
+    name: Name
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCallParam(Part):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(Part):
+    role: Literal["system", "developer"]
+    content: str | list[ChatTextPart]
+    name: str | None = None
+
+
+class UserMessage(Part):
+    role: Literal["user"]
+    content: str | list[UserPart]
+    name: str | None = None
+
+
+class AssistantMessage(Part):
+    role: Literal["assistant"]
+    content: str | list[AssistantPart] | None = None
+    tool_calls: list[ToolCallParam] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    refusal: str | None = None
+    name: str | None = None
+
+
+class ToolMessage(Part):
+    role: Literal["tool"]
+    content: str | list[ChatTextPart]
+    tool_call_id: str | None = None
+
+
+ChatMessage = Annotated[
+    Annotated[SystemMessage, Tag("system")]
+    | Annotated[SystemMessage, Tag("developer")]
+    | Annotated[UserMessage, Tag("user")]
+    | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[ToolMessage, Tag("tool")],
+    tag("role"),
+]
+
+
+class FunctionDef(Part):
+    name: Name
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatFunctionTool(Part):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class ChatCustomTool(Part):
+    type: Literal["custom"]
+    custom: dict[str, Any]
+
+
+ChatTool = Annotated[
+    Annotated[ChatFunctionTool, Tag("function")] | Annotated[ChatCustomTool, Tag("custom")],
+    tag("type", "function"),
+]
+
+
+class FunctionName(Part):
+    name: Name
+
+
+class NamedToolChoice(Part):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class StreamOptions(Part):
+    include_usage: bool | None = None
+
+
+# Accepted and knowingly not honoured; recorded in the turn's IGNORED_PARAMS event when set.
+IGNORED = (
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "user",
+    "parallel_tool_calls",
+    "response_format",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "metadata",
+    "store",
+    "reasoning_effort",
+    "service_tier",
+    "prediction",
+    "modalities",
+    "audio",
+)
+
+
+class ChatCompletionBody(Body):
+    model: str = ""
+    messages: list[ChatMessage]
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    seed: Seed | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # not honoured (recorded), but typed so a wrong shape is a 400 and the schema is honest
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    reasoning_effort: str | None = None
+    service_tier: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
