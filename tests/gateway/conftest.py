@@ -30,6 +30,7 @@ class ScriptedBackend:
         self.down = False
         self.kv_usage = 0.0
         self.truncate_to: int | None = None
+        self.errors: list[Exception] = []  # raised by the next generate calls, in order
 
     @property
     def policy_version(self) -> int:
@@ -45,6 +46,8 @@ class ScriptedBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         if self.down:
             raise EngineUnavailable(f"{self.name} is down")
+        if self.errors:
+            raise self.errors.pop(0)
         self.prompts.append(list(prompt_ids))
         self.params.append(params)
         ids, finish = self._ids(params)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from rollyard.core.net import free_port
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
+from rollyard.gateway.settings import GatewayLimits
 
 from .conftest import ADMIN, ScriptedBackend
 
@@ -174,7 +175,7 @@ def server(tok: FastTokenizer, tmp_path_factory: pytest.TempPathFactory) -> Iter
     engine = ScriptedBackend(tok)
     gw = build_gateway({"fake": engine}, tok, tmp_path_factory.mktemp("fz") / "j.db", ADMIN, "tiny")
     port = free_port()
-    app = create_app(gw, poll_interval_s=0.2, max_body_bytes=1_000_000)
+    app = create_app(gw, poll_interval_s=0.2, limits=GatewayLimits(max_body_bytes=1_000_000, error_budget=0))
     srv = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()

@@ -98,8 +98,14 @@ class VLLMBackend:
     def policy_version(self) -> int:
         return self._version
 
-    async def _request(self, method: str, path: str, **kw: Any) -> tuple[int, str]:
-        """Status and body text of one call; engine trouble becomes ``EngineUnavailable``."""
+    async def _request(self, method: str, path: str, *, answer: bool = False, **kw: Any) -> tuple[int, str]:
+        """Status and body text of one call; connection trouble becomes ``EngineUnavailable``.
+
+        ``answer``: the call serves one client request (a completion). Then an error status is
+        that request's failure, not the engine's: a 4xx is the request's fault (400), a 5xx an
+        ``EngineError`` (502); neither says the engine is down. For control calls and the stats
+        poll, a 5xx means the engine is not healthy.
+        """
         try:
             async with self._client().request(method, self.url + path, **kw) as resp:
                 status, text = resp.status, await resp.text()
@@ -107,13 +113,19 @@ class VLLMBackend:
             raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}: {e}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out on {path}") from e
+        if status < 300:
+            return status, text
+        self._raise_status(status, text, path, answer)
+        raise AssertionError("unreachable")
+
+    def _raise_status(self, status: int, text: str, path: str, answer: bool) -> None:
+        if answer and status >= 500:
+            raise EngineError(f"engine {self.name} failed on this request ({status}): {text[:200]}")
         if status >= 500:
             raise EngineUnavailable(f"engine {self.name} returned {status} on {path}: {text[:200]}")
-        if status == 400:
+        if status == 400 or (answer and status >= 400):
             self._raise_bad_request(text)
-        if status >= 300:
-            raise EngineError(f"engine {self.name} returned {status} on {path}: {text[:200]}")
-        return status, text
+        raise EngineError(f"engine {self.name} returned {status} on {path}: {text[:200]}")
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return json.loads((await self._request(method, path, **kw))[1])
@@ -175,12 +187,16 @@ class VLLMBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
         version = self._version
-        data = await self._json("POST", "/v1/completions", json=body)
-        choice = data["choices"][0]
-        ids = list(choice.get("token_ids") or [])
+        text = (await self._request("POST", "/v1/completions", answer=True, json=body))[1]
+        try:
+            data = json.loads(text)
+            choice = data["choices"][0]
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            usage = data.get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
         lps = self._logprobs(choice, len(ids))
-        usage = data.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         return Completion(
             token_ids=ids,
             logprobs=lps,
@@ -204,11 +220,8 @@ class VLLMBackend:
         version = self._version
         try:
             async with self._client().post(self.url + "/v1/completions", json=body) as resp:
-                if resp.status >= 400:
-                    text = await resp.text()
-                    if resp.status == 400:
-                        self._raise_bad_request(text)
-                    raise EngineUnavailable(f"engine {self.name} returned {resp.status}")
+                if resp.status >= 300:
+                    self._raise_status(resp.status, await resp.text(), "/v1/completions", answer=True)
                 async for raw in resp.content:  # one SSE line at a time
                     line = raw.decode().strip()
                     if not line.startswith("data:"):
@@ -216,7 +229,10 @@ class VLLMBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    data = json.loads(payload)
+                    try:
+                        data = json.loads(payload)
+                    except ValueError as e:
+                        raise EngineError(f"engine {self.name} streamed an unreadable event") from e
                     for choice in data.get("choices") or []:
                         ids = list(choice.get("token_ids") or [])
                         reason = choice.get("finish_reason")

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from rollyard.core.errors import Forbidden, InvalidRequest, NotFound
+from rollyard.core.errors import Forbidden, InvalidRequest, NotFound, RateLimited
 from rollyard.core.program import Program
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.types import ToolCall
@@ -56,6 +56,13 @@ async def caller(request: Request) -> Program:
         raise NotFound("no such program (program ids are letters, digits, '_', '-' and inner dots)")
     program = gateway(request).programs.authenticate(api_key(request), pid)
     request.state.program_id = program.id
+    wait = request.app.state.budget.wait_s(program.id)
+    if wait > 0:
+        raise RateLimited(
+            f"program {program.id} is throttled: too many of its requests failed recently "
+            f"(gateway error budget); retry in {wait:.0f}s",
+            retry_after_s=wait,
+        )
     return program
 
 

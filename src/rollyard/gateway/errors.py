@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from rollyard.core.errors import RollyardError
+from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest, RollyardError
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,34 @@ def _loc(err: dict[str, Any]) -> str:
     return ".".join(str(x)[:64] for x in err.get("loc", ()) if x != "body")[:256]
 
 
+def count_failure(request: Request, e: Exception) -> None:
+    """Feed a failed model request to its program's error budget and the error metrics.
+
+    Charged: what the request caused (a 400 of any kind, or an engine failing on it).
+    Not charged: auth, conflicts, throttling itself, and an engine being unavailable.
+    """
+    state = request.app.state
+    guard = getattr(state, "guard", None)
+    if guard is None:
+        return
+    if isinstance(e, EngineUnavailable):
+        guard.request_errors.labels("engine").inc()
+        return
+    if not isinstance(e, InvalidRequest | EngineError | RequestValidationError):
+        return
+    guard.request_errors.labels("request").inc()
+    pid = getattr(request.state, "program_id", None)
+    if pid is not None:
+        before = state.budget.throttled
+        state.budget.charge(pid)
+        if state.budget.throttled > before:
+            guard.throttled.inc()
+            log.warning("program throttled program=%s (error budget spent)", pid)
+
+
 async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, RollyardError)
+    count_failure(request, e)
     level = logging.WARNING if e.http_status >= 500 else logging.INFO
     log.log(level, "request failed path=%s status=%d code=%s", request.url.path, e.http_status, e.code)
     return rollyard_error_response(request.url.path, e)
@@ -84,6 +110,7 @@ async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
 
 async def _on_validation(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, RequestValidationError)
+    count_failure(request, e)
     errs = list(e.errors())
     first = errs[0] if errs else {}
     if first.get("type") == "json_invalid":

@@ -22,8 +22,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rollyard.gateway.errors import error_response
 
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # a 200k-token agent conversation is ~1-2 MB of JSON
-
 
 class StrictJSONRequest(Request):
     async def json(self) -> Any:

@@ -34,7 +34,7 @@ async def health(request: Request) -> dict[str, Any]:
 async def metrics(request: Request) -> Response:
     """Prometheus text; needs the admin token unless the gateway runs with ``--open-metrics``."""
     gw = gateway(request)
-    if not request.app.state.open_metrics:
+    if not request.app.state.limits.open_metrics:
         gw.programs.require_admin(api_key(request))
     counts = Counter(p.state.value for p in gw.programs.all())
     for state in ("active", "paused", "finished", "terminated"):
