@@ -194,9 +194,9 @@ class VLLMBackend:
             ids = [int(t) for t in choice.get("token_ids") or []]
             usage = data.get("usage") or {}
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            lps = self._logprobs(choice, len(ids))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
-        lps = self._logprobs(choice, len(ids))
         return Completion(
             token_ids=ids,
             logprobs=lps,
@@ -229,26 +229,34 @@ class VLLMBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    try:
-                        data = json.loads(payload)
-                    except ValueError as e:
-                        raise EngineError(f"engine {self.name} streamed an unreadable event") from e
-                    for choice in data.get("choices") or []:
-                        ids = list(choice.get("token_ids") or [])
-                        reason = choice.get("finish_reason")
-                        if not ids and reason is None:
-                            continue
-                        yield CompletionDelta(
-                            token_ids=ids,
-                            logprobs=self._logprobs(choice, len(ids)),
-                            finish_reason=_finish(reason) if reason is not None else None,
-                            prompt_tokens=len(prompt_ids),
-                            policy_version=version,
-                        )
+                    for delta in self._deltas(payload, len(prompt_ids), version):
+                        yield delta
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
+
+    def _deltas(self, payload: str, prompt_tokens: int, version: int) -> list[CompletionDelta]:
+        """One streamed event's deltas; an unreadable event is the engine's error on this request."""
+        try:
+            out = []
+            for choice in json.loads(payload).get("choices") or []:
+                ids = [int(t) for t in choice.get("token_ids") or []]
+                reason = choice.get("finish_reason")
+                if not ids and reason is None:
+                    continue
+                out.append(
+                    CompletionDelta(
+                        token_ids=ids,
+                        logprobs=self._logprobs(choice, len(ids)),
+                        finish_reason=_finish(reason) if reason is not None else None,
+                        prompt_tokens=prompt_tokens,
+                        policy_version=version,
+                    )
+                )
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise EngineError(f"engine {self.name} streamed an unreadable event: {payload[:200]}") from e
 
     async def stats(self) -> EngineStats:
         return parse_vllm_metrics((await self._request("GET", "/metrics"))[1])
