@@ -11,22 +11,18 @@ from __future__ import annotations
 import copy
 import json
 import re
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollyard.core.net import free_port
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.gateway.settings import GatewayLimits
 
-from .conftest import ADMIN, ScriptedBackend
+from .conftest import ADMIN, ScriptedBackend, serving
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": '{"dir": "src"}'}}
 FN = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}
@@ -172,20 +168,12 @@ RAW = [
 
 @pytest.fixture(scope="module")
 def server(tok: FastTokenizer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    engine = ScriptedBackend(tok)
-    gw = build_gateway({"fake": engine}, tok, tmp_path_factory.mktemp("fz") / "j.db", ADMIN, "tiny")
-    port = free_port()
-    app = create_app(gw, poll_interval_s=0.2, limits=GatewayLimits(max_body_bytes=1_000_000, error_budget=0))
-    srv = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(100):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    t.join(10)
+    gw = build_gateway(
+        {"fake": ScriptedBackend(tok)}, tok, tmp_path_factory.mktemp("fz") / "j.db", ADMIN, "tiny"
+    )
+    limits = GatewayLimits(max_body_bytes=1_000_000, error_budget=0)
+    with serving(create_app(gw, poll_interval_s=0.2, limits=limits)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

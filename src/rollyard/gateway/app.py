@@ -72,6 +72,7 @@ def create_app(
         if not isinstance(backend, GuardedBackend):
             breaker = CircuitBreaker(gateway.clock, limits.breaker_base_s, limits.breaker_max_s)
             pool.backends[name] = GuardedBackend(backend, breaker, guard)
+    gateway.renderer.offload_chars = limits.offload_chars
     budget = ErrorBudget(gateway.clock, limits.error_budget, limits.error_window_s, limits.error_cooldown_s)
     gateway.programs.on_terminate(lambda p: budget.forget(p.id))
 

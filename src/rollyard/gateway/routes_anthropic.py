@@ -265,7 +265,7 @@ async def messages(body: MessagesBody, request: Request, program: Program = Depe
         result = await gw.chat(program, req)
         return JSONResponse(to_body(result), headers=result.timing_headers())
     model = req.model or gw.model_name
-    prompt_tokens = gw.count_tokens(program, req)
+    prompt_tokens = await gw.count_tokens(program, req)
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, model, prompt_tokens), True)
 
@@ -276,4 +276,4 @@ async def count_tokens(
 ) -> dict[str, int]:
     """Prompt tokens this request would have now (reusing the program's previous ids when it extends)."""
     gw = gateway(request)
-    return {"input_tokens": gw.count_tokens(program, to_request(body, request))}
+    return {"input_tokens": await gw.count_tokens(program, to_request(body, request))}
