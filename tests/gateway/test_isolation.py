@@ -83,3 +83,20 @@ def test_a_dead_engine_is_held_out_by_its_breaker_then_comes_back(
     assert chat(guarded, key)[0] == 200
     assert metric(guarded, 'rollyard_engine_breaker_open{engine="fake"}') == 0
     assert metric(guarded, 'rollyard_engine_breaker_opens_total{engine="fake"}') >= 1
+
+
+def test_a_finished_programs_state_is_freed_from_memory(guarded: TestClient) -> None:
+    gw = guarded.app.state.gateway  # type: ignore[attr-defined]
+    progs = [new_program(guarded) for _ in range(5)]
+    for p in progs:
+        assert chat(guarded, p["api_key"])[0] == 200
+    assert {p["id"] for p in progs} <= set(gw.conversations)
+    for p in progs[:4]:
+        r = guarded.post(
+            f"/programs/{p['id']}/finish", json={"status": "success"}, headers={"x-api-key": ADMIN}
+        )
+        assert r.status_code == 200
+    assert set(gw.conversations) == {progs[4]["id"]} and set(gw._locks) == {progs[4]["id"]}
+    # The journal still has every finished program's turns.
+    r = guarded.get(f"/programs/{progs[0]['id']}/trajectory", headers={"x-api-key": ADMIN})
+    assert sum(len(s["turns"]) for s in r.json()["segments"]) == 1

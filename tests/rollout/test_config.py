@@ -99,3 +99,16 @@ def test_a_blackbox_agent_needs_a_known_profile_no_sft_and_no_ray(
         builtin_config("demo", overrides)
     ok = builtin_config("demo", {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False})
     assert ok.agent.profile == "openai"
+
+
+def test_gateway_limits_are_configurable_and_checked() -> None:
+    from rollyard.rollout.config import GatewayConfig
+
+    cfg = GatewayConfig.model_validate(
+        {"limits": {"max_body_bytes": 2048, "open_metrics": True, "error_budget": 0}}
+    )
+    assert cfg.limits.max_body_bytes == 2048 and cfg.limits.open_metrics and cfg.limits.error_budget == 0
+    with pytest.raises(ValueError):
+        GatewayConfig.model_validate({"limits": {"max_body_bytes": 10}})
+    with pytest.raises(ValueError):
+        GatewayConfig.model_validate({"limits": {"no_such_knob": 1}})

@@ -23,9 +23,23 @@ def gateway(
     uds: Path | None = typer.Option(None, help="also serve on this unix socket (what sandboxes reach)"),
     tcp: bool = typer.Option(True, help="serve on --host/--port (--no-tcp: the unix socket only)"),
     policy: str = typer.Option("fifo", help="scheduling policy (rollyard.sched presets, e.g. fifo)"),
+    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="largest request body accepted (413 above)"),
+    open_metrics: bool = typer.Option(False, help="serve /metrics without the admin token"),
+    error_budget: int = typer.Option(
+        20, help="failed requests per minute before a program gets 429 (0: off)"
+    ),
+    engine_timeout_s: float = typer.Option(600.0, help="an engine call silent this long fails (503)"),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
+    from rollyard.gateway.settings import GatewayLimits
+
+    limits = GatewayLimits(
+        max_body_bytes=max_body_bytes,
+        open_metrics=open_metrics,
+        error_budget=error_budget,
+        engine_timeout_s=engine_timeout_s,
+    )
 
     serve(
         engine,
@@ -40,6 +54,7 @@ def gateway(
         uds=uds,
         tcp=tcp,
         policy=policy,
+        limits=limits,
     )
 
 

@@ -27,3 +27,8 @@ class GatewayLimits(BaseModel):
     # Requests with more text than this are rendered (tokenized) in a worker thread, so the
     # event loop (and /health) never waits on a multi-megabyte prompt.
     offload_chars: int = Field(default=32_768, ge=0)
+    # Idle keep-alive connections are kept longer than clients keep theirs (httpx, aiohttp:
+    # 5 s), so the client always closes first and never reuses one the server is closing.
+    keep_alive_s: int = Field(default=65, ge=1)
+    # An engine call that sends nothing for this long fails (EngineUnavailable, retryable).
+    engine_timeout_s: float = Field(default=600.0, gt=0)

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollyard.core.errors import ConfigError
+from rollyard.gateway.settings import GatewayLimits
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.rewards import RewardConfig
@@ -81,6 +82,7 @@ class GatewayConfig(_Section):
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets
 
     @model_validator(mode="before")
     @classmethod
