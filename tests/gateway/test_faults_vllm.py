@@ -37,6 +37,11 @@ def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     with VLLMServer(
         tiny_model_dir, kv_tokens=8192, max_model_len=2048, served_name="tiny", log_path=log
     ) as s:
+        # The first requests of a fresh CPU engine on a loaded host can outlast the short
+        # timeout the hang test needs: warm it up with a patient client first.
+        body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4}
+        for _ in range(3):
+            httpx.post(f"{s.url}/v1/completions", json=body, timeout=300).raise_for_status()
         yield s
 
 
@@ -83,7 +88,8 @@ def test_out_of_range_sampling_is_400_and_the_engine_keeps_serving(gateway: str,
     r = chat(gateway, key, {**HI, **bad})
     assert r.status_code == 400, r.text
     assert httpx.get(f"{gateway}/health").json()["status"] == "ok"
-    assert chat(gateway, new_key(gateway)).status_code == 200
+    r = chat(gateway, new_key(gateway))
+    assert r.status_code == 200, r.text
 
 
 def test_a_hanging_engine_times_out_cleanly_and_the_program_retries(gateway: str, engine: VLLMServer) -> None:
