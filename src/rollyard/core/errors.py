@@ -102,6 +102,17 @@ class EngineUnavailable(EngineError):
         self.retry_after_s = retry_after_s
 
 
+class JournalUnavailable(RollyardError):
+    """The journal cannot write (disk full, I/O error): nothing was recorded; retry later."""
+
+    code = "journal_unavailable"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class EngineStartError(EngineError):
     """A local engine process could not be started or never became healthy."""
 

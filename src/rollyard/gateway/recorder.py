@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollyard.core.errors import NotFound
+from rollyard.core.errors import JournalUnavailable, NotFound
 from rollyard.core.program import Program
 from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
 from rollyard.gateway.renderer import ConversationState
@@ -83,13 +83,16 @@ class SqliteJournal:
         for sql, args in statements:
             by_sql.setdefault(sql, []).append(args)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._db.execute("BEGIN IMMEDIATE")
                 for sql, rows in by_sql.items():
                     self._db.executemany(sql, rows)
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as e:
+                if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
+                    self._db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.OperationalError):  # disk full, I/O error: not the caller's
+                    raise JournalUnavailable(f"the journal cannot write: {e}") from e
                 raise
 
     # programs -------------------------------------------------------------
@@ -164,7 +167,7 @@ class SqliteJournal:
         try:
             self._tx([s for stmts, _ in batch for s in stmts])
             results: list[BaseException | None] = [None] * len(batch)
-        except sqlite3.Error:  # find the culprit: one transaction per caller
+        except (sqlite3.Error, JournalUnavailable):  # find the culprit: one transaction per caller
             results = [self._try_tx(stmts) for stmts, _ in batch]
         for (_, done), err in zip(batch, results, strict=True):
             if done.done():
@@ -177,7 +180,7 @@ class SqliteJournal:
     def _try_tx(self, stmts: list[Statement]) -> BaseException | None:
         try:
             self._tx(stmts)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, JournalUnavailable) as e:
             return e
         return None
 
