@@ -107,6 +107,7 @@ class RenderPlan:
 
 
 _FIRST_CACHE_SIZE = 256
+_FIRST_CACHE_MAX_CHARS = 256 * 1024  # 256 entries of at most this: <= ~64 MB of text
 OFFLOAD_CHARS = 32_768  # requests with more text are rendered in a worker thread
 
 
@@ -132,7 +133,7 @@ class Renderer:
     def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
         tpl_tools = [t.to_template() for t in tools] or None
         text = ct.render_message(message.to_template(), tpl_tools, first=first)
-        if not first:
+        if not first or len(text) > _FIRST_CACHE_MAX_CHARS:  # the cache is bounded in bytes too
             return self.tok.encode(text)
         return list(self._first_ids(text))  # a fresh list: callers extend it in place
 
