@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,7 @@ class RenderPlan:
 
 
 _FIRST_CACHE_SIZE = 256
-_FIRST_CACHE_MAX_CHARS = 256 * 1024  # 256 entries of at most this: <= ~64 MB of text
+_FIRST_CACHE_MAX_CHARS = 256 * 1024  # 256 entries of at most this: <= ~128 MB, text and ids
 OFFLOAD_CHARS = 32_768  # requests with more text are rendered in a worker thread
 
 
@@ -127,7 +128,7 @@ class Renderer:
         # First messages (system prompt + tools block) repeat across a task's programs and are
         # often the longest text in a request: their ids are kept, keyed by the rendered text.
         self._first_ids = functools.lru_cache(maxsize=_FIRST_CACHE_SIZE)(
-            lambda text: tuple(tokenizer.encode(text))
+            lambda text: array("i", tokenizer.encode(text))  # 4 bytes an id, not ~36
         )
 
     def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
