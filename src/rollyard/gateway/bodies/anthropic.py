@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Tag
+from pydantic import Field, Tag
 
 from rollyard.gateway.bodies.common import Body, MaxTokens, Name, Part, Temperature, TopK, TopP, tag
 
@@ -33,12 +33,7 @@ class ToolUseBlock(Part):
     input: dict[str, Any] | str | None = None
 
 
-ResultPart = Annotated[
-    Annotated[TextBlock, Tag("text")]
-    | Annotated[ImageBlock, Tag("image")]
-    | Annotated[DocumentBlock, Tag("document")],
-    tag("type"),
-]
+ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
 
 
 class ToolResultBlock(Part):
@@ -60,14 +55,14 @@ class RedactedThinkingBlock(Part):
 
 
 Block = Annotated[
-    Annotated[TextBlock, Tag("text")]
-    | Annotated[ImageBlock, Tag("image")]
-    | Annotated[DocumentBlock, Tag("document")]
-    | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")]
-    | Annotated[ThinkingBlock, Tag("thinking")]
-    | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
-    tag("type"),
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -116,13 +111,7 @@ class NoneChoice(Part):
     type: Literal["none"]
 
 
-ToolChoice = Annotated[
-    Annotated[AutoChoice, Tag("auto")]
-    | Annotated[AnyChoice, Tag("any")]
-    | Annotated[ToolChoiceNamed, Tag("tool")]
-    | Annotated[NoneChoice, Tag("none")],
-    tag("type", "auto"),
-]
+ToolChoice = Annotated[AutoChoice | AnyChoice | ToolChoiceNamed | NoneChoice, Field(discriminator="type")]
 
 # Accepted and recorded as ignored.
 IGNORED = (

@@ -47,16 +47,8 @@ class RefusalPart(Part):
     refusal: str
 
 
-UserPart = Annotated[
-    Annotated[ChatTextPart, Tag("text")]
-    | Annotated[ImageUrlPart, Tag("image_url")]
-    | Annotated[InputAudioPart, Tag("input_audio")]
-    | Annotated[FilePart, Tag("file")],
-    tag("type"),
-]
-AssistantPart = Annotated[
-    Annotated[ChatTextPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")], tag("type")
-]
+UserPart = Annotated[ChatTextPart | ImageUrlPart | InputAudioPart | FilePart, Field(discriminator="type")]
+AssistantPart = Annotated[ChatTextPart | RefusalPart, Field(discriminator="type")]
 
 
 class FunctionCall(Part):
@@ -98,13 +90,10 @@ class ToolMessage(Part):
     tool_call_id: str | None = None
 
 
+# Tagged unions on a field are resolved in pydantic-core; a callable tag (``common.tag``) costs a
+# Python call per item (measured: 5x slower validation), so it is kept to unions that need a default.
 ChatMessage = Annotated[
-    Annotated[SystemMessage, Tag("system")]
-    | Annotated[SystemMessage, Tag("developer")]
-    | Annotated[UserMessage, Tag("user")]
-    | Annotated[AssistantMessage, Tag("assistant")]
-    | Annotated[ToolMessage, Tag("tool")],
-    tag("role"),
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
 ]
 
 

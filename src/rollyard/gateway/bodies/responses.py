@@ -31,13 +31,7 @@ class RefusalPart(Part):
     refusal: str
 
 
-ContentPart = Annotated[
-    Annotated[ResponsesTextPart, Tag("text")]
-    | Annotated[InputImage, Tag("input_image")]
-    | Annotated[InputFile, Tag("input_file")]
-    | Annotated[RefusalPart, Tag("refusal")],
-    tag("type", known=("input_image", "input_file", "refusal"), other="text"),
-]
+ContentPart = Annotated[ResponsesTextPart | InputImage | InputFile | RefusalPart, Field(discriminator="type")]
 
 
 class MessageItem(Part):
