@@ -91,9 +91,9 @@ def text_of(content: str | Sequence[Any] | None, where: str, text_types: tuple[s
         return content
     out = []
     for i, part in enumerate(content):
-        if part.type not in text_types:
+        if part["type"] not in text_types:
             raise InvalidRequest(
-                f"{where}[{i}]: content type {part.type!r} is not supported by this model (text only)"
+                f"{where}[{i}]: content type {part['type']!r} is not supported by this model (text only)"
             )
-        out.append(part.text)
+        out.append(part["text"])
     return "".join(out)

@@ -20,15 +20,8 @@ from rollyard.core.program import Program
 from rollyard.gateway.bodies import MessagesBody, ignored_fields
 from rollyard.gateway.bodies.anthropic import (
     IGNORED,
-    AnthropicCustomTool,
     Block,
-    RedactedThinkingBlock,
-    ServerTool,
     TextBlock,
-    ThinkingBlock,
-    ToolChoiceNamed,
-    ToolResultBlock,
-    ToolUseBlock,
 )
 from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
 from rollyard.gateway.edge import caller, gateway, text_of, tool_call
@@ -45,12 +38,12 @@ def _user(blocks: list[Block], where: str) -> list[Message]:
     out: list[Message] = []
     text: list[TextBlock] = []
     for i, b in enumerate(blocks):
-        if isinstance(b, ToolResultBlock):
-            body = text_of(b.content, f"{where}[{i}].content")
-            if b.is_error:
+        if b["type"] == "tool_result":
+            body = text_of(b.get("content"), f"{where}[{i}].content")
+            if b.get("is_error"):
                 body = f"[error] {body}"
-            out.append(Message("tool", body, tool_call_id=b.tool_use_id))
-        elif isinstance(b, TextBlock):
+            out.append(Message("tool", body, tool_call_id=b.get("tool_use_id")))
+        elif b["type"] == "text":
             text.append(b)
         else:
             raise InvalidRequest(f"{where}[{i}]: block type {b.type!r} is not supported in a user message")
@@ -62,17 +55,18 @@ def _user(blocks: list[Block], where: str) -> list[Message]:
 def _assistant(blocks: list[Block], where: str) -> Message:
     text, calls, reasoning = [], [], None
     for i, b in enumerate(blocks):
-        if isinstance(b, TextBlock):
-            text.append(b.text)
-        elif isinstance(b, ToolUseBlock):
-            calls.append(tool_call(b.name, b.input, b.id))
-        elif isinstance(b, ThinkingBlock):
-            reasoning = b.thinking
-        elif isinstance(b, RedactedThinkingBlock):
+        kind = b["type"]
+        if kind == "text":
+            text.append(b["text"])  # type: ignore[typeddict-item]
+        elif kind == "tool_use":
+            calls.append(tool_call(b["name"], b.get("input"), b.get("id")))  # type: ignore[typeddict-item]
+        elif kind == "thinking":
+            reasoning = b["thinking"]  # type: ignore[typeddict-item]
+        elif kind == "redacted_thinking":
             continue
         else:
             raise InvalidRequest(
-                f"{where}[{i}]: block type {b.type!r} is not supported in an assistant message"
+                f"{where}[{i}]: block type {kind!r} is not supported in an assistant message"
             )
     return Message("assistant", "".join(text), tuple(calls), reasoning)
 
@@ -84,11 +78,11 @@ def parse_messages(body: MessagesBody) -> list[Message]:
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
         blocks: list[Block] = (
-            [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+            [TextBlock(type="text", text=content)] if isinstance(content := m["content"], str) else content
         )
-        if m.role == "user":
+        if m["role"] == "user":
             out += _user(blocks, where)
-        elif m.role == "assistant":
+        elif m["role"] == "assistant":
             out.append(_assistant(blocks, where))
         else:
             out.append(Message("system", text_of(blocks, where)))
@@ -98,9 +92,9 @@ def parse_messages(body: MessagesBody) -> list[Message]:
 def parse_tools(raw: list[AnthropicTool] | None) -> list[Tool]:
     """Custom tools; server tools (web_search, bash_20250124, ...) cannot run here and are skipped."""
     return [
-        Tool(t.name, t.description or "", t.input_schema or {})
+        Tool(t["name"], t.get("description") or "", t.get("input_schema") or {})  # type: ignore[typeddict-item]
         for t in raw or []
-        if isinstance(t, AnthropicCustomTool)
+        if t.get("type", "custom") == "custom"
     ]
 
 
@@ -120,11 +114,12 @@ def to_request(body: MessagesBody, request: Request) -> ChatRequest:
         api="anthropic",
     )
     tc = body.tool_choice
-    if tc is not None and tc.type == "any":
+    kind = tc["type"] if tc is not None else "auto"
+    if kind == "any":
         req.tool_choice = "required"
-    elif isinstance(tc, ToolChoiceNamed):
-        req.tool_name = tc.name
-    elif tc is not None and tc.type == "none":
+    elif kind == "tool":
+        req.tool_name = tc["name"]  # type: ignore[index, typeddict-item]
+    elif kind == "none":
         req.tool_choice = "none"
     req.ignored = ignored_fields(body, IGNORED)
     unknown = body.unknown_fields()
@@ -133,9 +128,9 @@ def to_request(body: MessagesBody, request: Request) -> ChatRequest:
     if request.headers.get("anthropic-beta"):
         req.ignored["anthropic-beta"] = request.headers["anthropic-beta"][:256]
     if len(tools) != len(body.tools or []):
-        req.ignored["server_tools"] = [t.name[:64] for t in body.tools or [] if isinstance(t, ServerTool)][
-            :32
-        ]
+        req.ignored["server_tools"] = [
+            t.get("name", "")[:64] for t in body.tools or [] if t.get("type", "custom") != "custom"
+        ][:32]
     return req
 
 

@@ -15,12 +15,8 @@ from rollyard.core.program import Program
 from rollyard.gateway.bodies import ChatCompletionBody, ignored_fields
 from rollyard.gateway.bodies.openai_chat import (
     IGNORED,
-    AssistantMessage,
-    ChatFunctionTool,
     ChatMessage,
     ChatTool,
-    NamedToolChoice,
-    ToolMessage,
 )
 from rollyard.gateway.edge import caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
@@ -37,25 +33,26 @@ def parse_messages(raw: list[ChatMessage]) -> list[Message]:
     out = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        content = text_of(m.content, f"{where}.content")
+        content = text_of(m.get("content"), f"{where}.content")
         calls: tuple[ToolCall, ...] = ()
         reasoning, call_id = None, None
-        if isinstance(m, AssistantMessage):
-            calls = tuple(tool_call(c.function.name, c.function.arguments, c.id) for c in m.tool_calls or ())
-            reasoning = m.reasoning_content or m.reasoning
-        elif isinstance(m, ToolMessage):
-            call_id = m.tool_call_id
-        out.append(Message(_ROLES[m.role], content, calls, reasoning, call_id))  # type: ignore[arg-type]
+        if m["role"] == "assistant":
+            calls = tuple(
+                tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
+                for c in m.get("tool_calls") or ()
+            )
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+        elif m["role"] == "tool":
+            call_id = m.get("tool_call_id")
+        out.append(Message(_ROLES[m["role"]], content, calls, reasoning, call_id))  # type: ignore[arg-type]
     return out
 
 
 def parse_tools(raw: list[ChatTool] | None) -> list[Tool]:
     tools = []
-    for i, t in enumerate(raw or []):
-        if not isinstance(t, ChatFunctionTool):
-            raise InvalidRequest(f"tools[{i}]: tool type {t.type!r} is not supported (function tools only)")
-        fn = t.function
-        tools.append(Tool(fn.name, fn.description or "", fn.parameters or {}))
+    for t in raw or []:  # function tools only: any other type is refused by the body model
+        fn = t["function"]
+        tools.append(Tool(fn["name"], fn.get("description") or "", fn.get("parameters") or {}))
     return tools
 
 
@@ -77,8 +74,8 @@ def to_request(body: ChatCompletionBody) -> ChatRequest:
         api="openai_chat",
     )
     tc = body.tool_choice
-    if isinstance(tc, NamedToolChoice):
-        req.tool_name = tc.function.name
+    if isinstance(tc, dict):
+        req.tool_name = tc["function"]["name"]
     elif tc is not None:
         req.tool_choice = tc
     req.ignored = ignored_fields(body, IGNORED)
@@ -165,6 +162,6 @@ async def chat_completions(
     if not req.stream:
         result = await gw.chat(program, req)
         return JSONResponse(to_body(result), headers=result.timing_headers())
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)

@@ -22,13 +22,7 @@ from rollyard.gateway.bodies import ResponsesBody, ignored_fields
 from rollyard.gateway.bodies.responses import (
     IGNORED,
     TEXT_PARTS,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    FunctionChoice,
-    HostedTool,
     InputItem,
-    MessageItem,
-    ResponsesFunctionTool,
 )
 from rollyard.gateway.edge import caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
@@ -48,28 +42,30 @@ def parse_input(items: str | list[InputItem]) -> list[Message]:
     reasoning: str | None = None
     for i, it in enumerate(items):
         where = f"input[{i}]"
-        if isinstance(it, MessageItem):
-            role = _ROLES[it.role]
-            text = text_of(it.content, f"{where}.content", TEXT_PARTS)
+        kind = it.get("type", "message")
+        if kind == "message":
+            role = _ROLES[it["role"]]  # type: ignore[typeddict-item]
+            text = text_of(it["content"], f"{where}.content", TEXT_PARTS)  # type: ignore[typeddict-item]
             if role == "assistant" and out and out[-1].role == "assistant" and not out[-1].content:
                 prev = out.pop()  # function calls came first; keep one assistant message
                 out.append(Message("assistant", text, prev.tool_calls, prev.reasoning))
             else:
                 out.append(Message(role, text, reasoning=reasoning if role == "assistant" else None))  # type: ignore[arg-type]
             reasoning = None if role == "assistant" else reasoning
-        elif isinstance(it, FunctionCallItem):
-            call = tool_call(it.name, it.arguments, it.call_id)
+        elif kind == "function_call":
+            call = tool_call(it["name"], it.get("arguments"), it.get("call_id"))  # type: ignore[typeddict-item]
             if out and out[-1].role == "assistant":
                 prev = out.pop()
                 out.append(Message("assistant", prev.content, (*prev.tool_calls, call), prev.reasoning))
             else:
                 out.append(Message("assistant", "", (call,), reasoning))
             reasoning = None
-        elif isinstance(it, FunctionCallOutputItem):
-            text = text_of(it.output, f"{where}.output", TEXT_PARTS)
-            out.append(Message("tool", text, tool_call_id=it.call_id))
+        elif kind == "function_call_output":
+            text = text_of(it["output"], f"{where}.output", TEXT_PARTS)  # type: ignore[typeddict-item]
+            out.append(Message("tool", text, tool_call_id=it.get("call_id")))
         else:
-            reasoning = text_of(it.summary or it.content or [], f"{where}.summary", TEXT_PARTS) or None
+            parts = it.get("summary") or it.get("content") or []
+            reasoning = text_of(parts, f"{where}.summary", TEXT_PARTS) or None
     return out
 
 
@@ -78,11 +74,11 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
     if body.instructions:
         msgs.insert(0, Message("system", body.instructions))
     tools = [
-        Tool(t.name, t.description or "", t.parameters or {})
+        Tool(t["name"], t.get("description") or "", t.get("parameters") or {})  # type: ignore[typeddict-item]
         for t in body.tools or []
-        if isinstance(t, ResponsesFunctionTool)
+        if t["type"] == "function"
     ]
-    skipped = [t.type[:64] for t in body.tools or [] if isinstance(t, HostedTool)][:32]
+    skipped = [t["type"][:64] for t in body.tools or [] if t["type"] != "function"][:32]
     if previous and msgs and msgs[0].role == "system" and body.instructions:
         msgs = msgs[1:]  # instructions are already the first message of the stored conversation
     req = ChatRequest(
@@ -96,8 +92,8 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
         api="openai_responses",
     )
     tc = body.tool_choice
-    if isinstance(tc, FunctionChoice):
-        req.tool_name = tc.name
+    if isinstance(tc, dict):
+        req.tool_name = tc["name"]
     elif tc is not None:
         req.tool_choice = tc
     req.ignored = ignored_fields(body, IGNORED)

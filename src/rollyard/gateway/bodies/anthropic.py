@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import Field, Tag
 
@@ -28,9 +28,9 @@ class DocumentBlock(Part):
 
 class ToolUseBlock(Part):
     type: Literal["tool_use"]
-    id: str = ""
+    id: NotRequired[str]
     name: Name
-    input: dict[str, Any] | str | None = None
+    input: NotRequired[dict[str, Any] | str | None]
 
 
 ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]
@@ -38,20 +38,20 @@ ResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminat
 
 class ToolResultBlock(Part):
     type: Literal["tool_result"]
-    tool_use_id: str = ""
-    content: str | list[ResultPart] | None = None
-    is_error: bool | None = None
+    tool_use_id: NotRequired[str]
+    content: NotRequired[str | list[ResultPart] | None]
+    is_error: NotRequired[bool | None]
 
 
 class ThinkingBlock(Part):
     type: Literal["thinking"]
     thinking: str
-    signature: str | None = None
+    signature: NotRequired[str | None]
 
 
 class RedactedThinkingBlock(Part):
     type: Literal["redacted_thinking"]
-    data: str = ""
+    data: NotRequired[str]
 
 
 Block = Annotated[
@@ -72,17 +72,17 @@ class MessageParam(Part):
 
 
 class AnthropicCustomTool(Part):
-    type: Literal["custom"] = "custom"
+    type: NotRequired[Literal["custom"]]
     name: Name
-    description: str | None = None
-    input_schema: dict[str, Any] | None = None
+    description: NotRequired[str | None]
+    input_schema: NotRequired[dict[str, Any] | None]
 
 
 class ServerTool(Part):
     """A hosted tool (``web_search_...``, ``bash_...``): it cannot run here, so it is skipped."""
 
     type: str
-    name: str = ""
+    name: NotRequired[str]
 
 
 Tool = Annotated[
@@ -93,18 +93,18 @@ Tool = Annotated[
 
 class AutoChoice(Part):
     type: Literal["auto"]
-    disable_parallel_tool_use: bool | None = None
+    disable_parallel_tool_use: NotRequired[bool | None]
 
 
 class AnyChoice(Part):
     type: Literal["any"]
-    disable_parallel_tool_use: bool | None = None
+    disable_parallel_tool_use: NotRequired[bool | None]
 
 
 class ToolChoiceNamed(Part):
     type: Literal["tool"]
     name: Name
-    disable_parallel_tool_use: bool | None = None
+    disable_parallel_tool_use: NotRequired[bool | None]
 
 
 class NoneChoice(Part):

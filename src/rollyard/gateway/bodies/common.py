@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field
+from typing_extensions import TypedDict
 
 # The ranges vLLM's SamplingParams accepts: a value outside them never reaches the engine.
 MaxTokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
@@ -28,10 +29,12 @@ MAX_UNKNOWN_FIELDS = 32  # names recorded per request; the rest are counted
 MAX_RECORDED_VALUE = 512  # bytes of an ignored field's JSON kept in the journal
 
 
-class Part(BaseModel):
-    """A nested object: unknown fields are dropped, known ones typed."""
+class Part(TypedDict):
+    """A nested object: unknown fields are dropped, known ones typed.
 
-    model_config = ConfigDict(extra="ignore")
+    A TypedDict, not a model: validated in pydantic-core into plain dicts, ~2.5x faster than
+    building a model instance per message and part (a long agent conversation has hundreds).
+    """
 
 
 class Body(BaseModel):

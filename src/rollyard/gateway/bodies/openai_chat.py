@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import Field, Tag
+from pydantic import Field
 
 from rollyard.gateway.bodies.common import (
     Body,
@@ -16,7 +16,6 @@ from rollyard.gateway.bodies.common import (
     Temperature,
     TopK,
     TopP,
-    tag,
 )
 
 
@@ -53,41 +52,41 @@ AssistantPart = Annotated[ChatTextPart | RefusalPart, Field(discriminator="type"
 
 class FunctionCall(Part):
     name: Name
-    arguments: str | dict[str, Any] | None = None
+    arguments: NotRequired[str | dict[str, Any] | None]
 
 
 class ToolCallParam(Part):
-    id: str | None = None
-    type: Literal["function"] = "function"
+    id: NotRequired[str | None]
+    type: NotRequired[Literal["function"]]
     function: FunctionCall
 
 
 class SystemMessage(Part):
     role: Literal["system", "developer"]
     content: str | list[ChatTextPart]
-    name: str | None = None
+    name: NotRequired[str | None]
 
 
 class UserMessage(Part):
     role: Literal["user"]
     content: str | list[UserPart]
-    name: str | None = None
+    name: NotRequired[str | None]
 
 
 class AssistantMessage(Part):
     role: Literal["assistant"]
-    content: str | list[AssistantPart] | None = None
-    tool_calls: list[ToolCallParam] | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    refusal: str | None = None
-    name: str | None = None
+    content: NotRequired[str | list[AssistantPart] | None]
+    tool_calls: NotRequired[list[ToolCallParam] | None]
+    reasoning_content: NotRequired[str | None]
+    reasoning: NotRequired[str | None]
+    refusal: NotRequired[str | None]
+    name: NotRequired[str | None]
 
 
 class ToolMessage(Part):
     role: Literal["tool"]
     content: str | list[ChatTextPart]
-    tool_call_id: str | None = None
+    tool_call_id: NotRequired[str | None]
 
 
 # Tagged unions on a field are resolved in pydantic-core; a callable tag (``common.tag``) costs a
@@ -99,25 +98,18 @@ ChatMessage = Annotated[
 
 class FunctionDef(Part):
     name: Name
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
 
 
 class ChatFunctionTool(Part):
-    type: Literal["function"] = "function"
+    type: NotRequired[Literal["function"]]
     function: FunctionDef
 
 
-class ChatCustomTool(Part):
-    type: Literal["custom"]
-    custom: dict[str, Any]
-
-
-ChatTool = Annotated[
-    Annotated[ChatFunctionTool, Tag("function")] | Annotated[ChatCustomTool, Tag("custom")],
-    tag("type", "function"),
-]
+# One member, no union: a tag function would cost a Python call per tool (Claude Code sends 24).
+ChatTool = ChatFunctionTool
 
 
 class FunctionName(Part):
@@ -125,12 +117,12 @@ class FunctionName(Part):
 
 
 class NamedToolChoice(Part):
-    type: Literal["function"] = "function"
+    type: NotRequired[Literal["function"]]
     function: FunctionName
 
 
 class StreamOptions(Part):
-    include_usage: bool | None = None
+    include_usage: NotRequired[bool | None]
 
 
 # Accepted and knowingly not honoured; recorded in the turn's IGNORED_PARAMS event when set.

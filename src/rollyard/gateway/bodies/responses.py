@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import Field, Tag
 
@@ -35,29 +35,29 @@ ContentPart = Annotated[ResponsesTextPart | InputImage | InputFile | RefusalPart
 
 
 class MessageItem(Part):
-    type: Literal["message"] = "message"
+    type: NotRequired[Literal["message"]]
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ContentPart]
 
 
 class FunctionCallItem(Part):
     type: Literal["function_call"]
-    call_id: str = ""
+    call_id: NotRequired[str]
     name: Name
-    arguments: str | dict[str, Any] | None = None
+    arguments: NotRequired[str | dict[str, Any] | None]
 
 
 class FunctionCallOutputItem(Part):
     type: Literal["function_call_output"]
-    call_id: str = ""
+    call_id: NotRequired[str]
     output: str | list[ContentPart]
 
 
 class ReasoningItem(Part):
     type: Literal["reasoning"]
-    summary: list[ContentPart] = Field(default_factory=list)
-    content: list[ContentPart] | None = None
-    encrypted_content: str | None = None
+    summary: NotRequired[list[ContentPart]]
+    content: NotRequired[list[ContentPart] | None]
+    encrypted_content: NotRequired[str | None]
 
 
 InputItem = Annotated[
@@ -72,9 +72,9 @@ InputItem = Annotated[
 class ResponsesFunctionTool(Part):
     type: Literal["function"]
     name: Name
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
 
 
 class HostedTool(Part):
