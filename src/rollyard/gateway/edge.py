@@ -7,7 +7,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import pydantic_core
 from fastapi import Request
+from fastapi.responses import JSONResponse
 
 from rollyard.core.errors import Forbidden, InvalidRequest, NotFound, RateLimited
 from rollyard.core.program import Program
@@ -64,6 +66,13 @@ async def caller(request: Request) -> Program:
             retry_after_s=wait,
         )
     return program
+
+
+class FastJSONResponse(JSONResponse):
+    """A JSON answer serialized by pydantic-core (~2x ``json.dumps`` on a chat completion)."""
+
+    def render(self, content: Any) -> bytes:
+        return pydantic_core.to_json(content)
 
 
 def parse_arguments(raw: dict[str, Any] | str | None) -> dict[str, Any] | str:

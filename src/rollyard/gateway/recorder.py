@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
+
 from rollyard.core.errors import JournalUnavailable, NotFound
 from rollyard.core.program import Program
 from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
@@ -136,7 +138,7 @@ class SqliteJournal:
             (
                 "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
                 "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
-                (program.id, json.dumps(state.to_json())),
+                (program.id, pydantic_core.to_json(state.to_json()).decode()),  # ~5x json.dumps on ids
             ),
             ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
         ]

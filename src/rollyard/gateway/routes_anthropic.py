@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
@@ -24,7 +24,7 @@ from rollyard.gateway.bodies.anthropic import (
     TextBlock,
 )
 from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
@@ -258,7 +258,7 @@ async def messages(body: MessagesBody, request: Request, program: Program = Depe
     req = to_request(body, request)
     if not req.stream:
         result = await gw.chat(program, req)
-        return JSONResponse(to_body(result), headers=result.timing_headers())
+        return FastJSONResponse(to_body(result), headers=result.timing_headers())
     model = req.model or gw.model_name
     prompt_tokens = await gw.count_tokens(program, req)
     items = await primed(gw.chat_stream(program, req))

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
@@ -18,7 +18,7 @@ from rollyard.gateway.bodies.openai_chat import (
     ChatMessage,
     ChatTool,
 )
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
@@ -161,7 +161,7 @@ async def chat_completions(
     req = to_request(body)
     if not req.stream:
         result = await gw.chat(program, req)
-        return JSONResponse(to_body(result), headers=result.timing_headers())
+        return FastJSONResponse(to_body(result), headers=result.timing_headers())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)

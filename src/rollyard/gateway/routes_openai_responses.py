@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from rollyard.core.program import Program
 from rollyard.gateway.bodies import ResponsesBody, ignored_fields
@@ -24,7 +24,7 @@ from rollyard.gateway.bodies.responses import (
     TEXT_PARTS,
     InputItem,
 )
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
@@ -323,7 +323,7 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
     if not req.stream:
         r = await gw.chat(program, req)
         answer = _response(r, r.request_id, req.model or gw.model_name, req, r.created)
-        return JSONResponse(answer, headers=r.timing_headers())
+        return FastJSONResponse(answer, headers=r.timing_headers())
     req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name), False)
