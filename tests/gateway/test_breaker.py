@@ -10,9 +10,12 @@ def test_breaker_backoff_doubles_up_to_the_cap_and_resets_on_success() -> None:
     clock = FakeClock()
     b = CircuitBreaker(clock, base_s=1.0, max_s=5.0)
     assert b.state == "closed" and b.wait_s() == 0
-    assert [b.failure() for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
-    assert b.state == "open" and b.wait_s() == 5.0
-    clock.advance(5.0)
+    backoffs = []
+    for _ in range(5):  # each failure is a failed probe, once the previous backoff ended
+        backoffs.append(b.failure())
+        assert b.state == "open"
+        clock.advance(backoffs[-1])
+    assert backoffs == [1.0, 2.0, 4.0, 5.0, 5.0]
     assert b.state == "half_open" and b.wait_s() == 0  # one probe may pass
     b.success()
     assert b.state == "closed" and b.failures == 0
@@ -57,3 +60,15 @@ def test_error_budget_zero_is_off() -> None:
     for _ in range(100):
         budget.charge("p")
     assert budget.wait_s("p") == 0 and len(budget) == 0
+
+
+def test_failures_of_one_incident_do_not_lengthen_the_backoff() -> None:
+    """Hundreds of requests in flight when a connection breaks are one failure, not hundreds."""
+    clock = FakeClock()
+    b = CircuitBreaker(clock, base_s=1.0, max_s=30.0)
+    assert b.failure() == 1.0
+    for _ in range(200):
+        b.failure()
+    assert b.opens == 1 and b.wait_s() == 1.0
+    clock.advance(1.0)
+    assert b.failure() == 2.0 and b.opens == 2  # the probe after the backoff failed: doubled

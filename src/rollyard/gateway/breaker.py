@@ -28,10 +28,17 @@ class CircuitBreaker:
     opens: int = 0  # times it opened (a metric)
 
     def failure(self) -> float:
-        """Record a connection failure; returns the backoff now in force (seconds)."""
+        """Record a connection failure; returns the backoff now in force (seconds).
+
+        Failures while already open are the same incident (many requests in flight when the
+        connection broke): they do not lengthen the backoff. Only a failed probe does.
+        """
+        now = self.clock.now()
+        if now < self.open_until:
+            return self.open_until - now
         self.failures += 1
         backoff = min(self.max_s, self.base_s * 2 ** (self.failures - 1))
-        self.open_until = self.clock.now() + backoff
+        self.open_until = now + backoff
         self.opens += 1
         return backoff
 

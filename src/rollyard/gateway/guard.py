@@ -77,7 +77,10 @@ class GuardedBackend:
             )
 
     def _failed(self, e: EngineUnavailable) -> None:
+        opens = self.breaker.opens
         backoff = self.breaker.failure()
+        if self.breaker.opens == opens:
+            return  # one more request of the incident that opened it
         self.metrics.breaker_opens.labels(self.name).inc()
         self.metrics.breaker_open.labels(self.name).set(1)
         log.warning(
