@@ -57,4 +57,5 @@ def test_health_stays_fast_while_a_large_prompt_is_tokenized(tok: FastTokenizer,
         poller.join()
     assert r.status_code == 200, r.text[:300]
     assert tokenize_s > 0.5, tokenize_s  # long enough that an event-loop stall would show
-    assert max(lat) < max(0.25, tokenize_s / 3), (max(lat), tokenize_s)
+    # A stalled loop would hold /health for about the whole tokenization (measured: 1.6 of 2.0 s).
+    assert max(lat) < max(0.25, tokenize_s / 2), (max(lat), tokenize_s)
