@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 
 from rollyard.core.errors import EngineUnavailable
+from rollyard.core.net import free_port
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
@@ -30,6 +36,7 @@ class ScriptedBackend:
         self.down = False
         self.kv_usage = 0.0
         self.truncate_to: int | None = None
+        self.errors: list[Exception] = []  # raised by the next generate calls, in order
 
     @property
     def policy_version(self) -> int:
@@ -45,6 +52,8 @@ class ScriptedBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         if self.down:
             raise EngineUnavailable(f"{self.name} is down")
+        if self.errors:
+            raise self.errors.pop(0)
         self.prompts.append(list(prompt_ids))
         self.params.append(params)
         ids, finish = self._ids(params)
@@ -108,3 +117,21 @@ def trajectory(client: TestClient, program_id: str) -> dict[str, object]:
     r = client.get(f"/programs/{program_id}/trajectory", headers={"Authorization": f"Bearer {ADMIN}"})
     assert r.status_code == 200, r.text
     return r.json()
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """The app on a real port (uvicorn in a thread): real connections, keep-alive, concurrency."""
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        t.join(10)

@@ -104,6 +104,8 @@ def test_health_models_and_metrics_answer(client: TestClient, engine: ScriptedBa
     client.post(CHAT, json={"messages": [{"role": "user", "content": "x"}]}, headers={"x-api-key": key})
     assert client.get("/health").json()["status"] == "ok"
     assert client.get("/v1/models", headers={"x-api-key": key}).json()["data"][0]["id"] == "tiny"
-    text = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 401  # closed by default (--open-metrics opens it)
+    assert client.get("/metrics", headers={"x-api-key": key}).status_code == 401
+    text = client.get("/metrics", headers={"x-api-key": ADMIN}).text
     assert 'rollyard_gateway_requests_total{api="openai_chat",outcome="ok"} 1.0' in text
     assert 'rollyard_gateway_programs{state="active"} 1.0' in text

@@ -151,7 +151,7 @@ def test_litellm_drives_the_gateway(gateway_url: str) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_loses_no_completed_turn_and_programs_continue(
+def test_kill_9_with_streams_in_flight_loses_no_acknowledged_turn_and_programs_continue(
     vllm_url: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     port = free_port()
@@ -186,17 +186,33 @@ def test_kill_9_loses_no_completed_turn_and_programs_continue(
     convs: dict[str, list[dict]] = {p["id"]: [{"role": "user", "content": "go"}] for p in progs}
     stop = threading.Event()
 
-    def agent(p: dict) -> None:
+    def agent(p: dict, stream: bool) -> None:
         api = openai.OpenAI(base_url=f"{url}/v1", api_key=p["api_key"], max_retries=0, timeout=30)
         while not stop.is_set():
             try:
-                m = api.chat.completions.create(model="tiny", messages=convs[p["id"]]).choices[0].message
-            except openai.APIError:
+                if stream:  # acknowledged when the stream's final chunk (finish_reason) arrives
+                    text, done = "", False
+                    for chunk in api.chat.completions.create(
+                        model="tiny", messages=convs[p["id"]], stream=True
+                    ):
+                        for c in chunk.choices:
+                            text += c.delta.content or ""
+                            done = done or c.finish_reason is not None
+                    if not done:
+                        return
+                    m: dict = {"role": "assistant", "content": text}
+                else:
+                    msg = (
+                        api.chat.completions.create(model="tiny", messages=convs[p["id"]]).choices[0].message
+                    )
+                    m = msg.model_dump(exclude_none=True)
+            except (openai.APIError, httpx.HTTPError):
                 return
             acked[p["id"]] += 1
-            convs[p["id"]] += [m.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+            convs[p["id"]] += [m, {"role": "user", "content": "more"}]
 
-    threads = [threading.Thread(target=agent, args=(p,)) for p in progs]
+    # half the agents stream: a kill -9 lands on streams in flight too
+    threads = [threading.Thread(target=agent, args=(p, i % 2 == 1)) for i, p in enumerate(progs)]
     for t in threads:
         t.start()
     time.sleep(6)

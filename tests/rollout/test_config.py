@@ -117,3 +117,16 @@ def test_sync_mode_seer_policy_and_divided_rollout_are_config_keys(tmp_path: Pat
                 tmp_path, "model: {path: m}\ngateway: {policy: seer, scheduling: {options: {starve_s: -1}}}\n"
             )
         )
+
+
+def test_gateway_limits_are_configurable_and_checked() -> None:
+    from rollyard.rollout.config import GatewayConfig
+
+    cfg = GatewayConfig.model_validate(
+        {"limits": {"max_body_bytes": 2048, "open_metrics": True, "error_budget": 0}}
+    )
+    assert cfg.limits.max_body_bytes == 2048 and cfg.limits.open_metrics and cfg.limits.error_budget == 0
+    with pytest.raises(ValueError):
+        GatewayConfig.model_validate({"limits": {"max_body_bytes": 10}})
+    with pytest.raises(ValueError):
+        GatewayConfig.model_validate({"limits": {"no_such_knob": 1}})

@@ -26,9 +26,23 @@ def gateway(
     divide_tokens: int = typer.Option(
         0, min=0, help="divided rollout: generate in chunks of this many tokens, rescheduled (0: off)"
     ),
+    max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="largest request body accepted (413 above)"),
+    open_metrics: bool = typer.Option(False, help="serve /metrics without the admin token"),
+    error_budget: int = typer.Option(
+        20, help="failed requests per minute before a program gets 429 (0: off)"
+    ),
+    engine_timeout_s: float = typer.Option(600.0, help="an engine call silent this long fails (503)"),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
+    from rollyard.gateway.settings import GatewayLimits
+
+    limits = GatewayLimits(
+        max_body_bytes=max_body_bytes,
+        open_metrics=open_metrics,
+        error_budget=error_budget,
+        engine_timeout_s=engine_timeout_s,
+    )
 
     serve(
         engine,
@@ -44,6 +58,7 @@ def gateway(
         tcp=tcp,
         policy=policy,
         divide_tokens=divide_tokens or None,
+        limits=limits,
     )
 
 

@@ -73,6 +73,17 @@ class Conflict(RollyardError):
     http_status = 409
 
 
+class RateLimited(RollyardError):
+    """This caller is throttled for a while (e.g. its requests kept failing); retry later."""
+
+    code = "rate_limit_exceeded"
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class EngineError(RollyardError):
     """The engine answered with an error we did not expect."""
 
@@ -87,6 +98,17 @@ class EngineUnavailable(EngineError):
     http_status = 503
 
     def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class JournalUnavailable(RollyardError):
+    """The journal cannot write (disk full, I/O error): nothing was recorded; retry later."""
+
+    code = "journal_unavailable"
+    http_status = 503
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pydantic_core
 
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
 from rollyard.core.sampling import SamplingParams
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+
+
+def _dumps(obj: Any) -> str:
+    return pydantic_core.to_json(obj).decode()
 
 
 def _finish(reason: str | None) -> FinishReason:
@@ -90,7 +95,10 @@ class VLLMBackend:
             # Idle connections are dropped before vLLM's uvicorn does (5 s): reusing one the server
             # just closed would fail a non-idempotent POST.
             connector = aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=4.0)
-            s = self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+            # pydantic-core's serializer: ~5x json.dumps on a body that is mostly prompt ids.
+            s = self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, json_serialize=_dumps
+            )
             self._session_loop = loop
         return s
 
@@ -98,8 +106,14 @@ class VLLMBackend:
     def policy_version(self) -> int:
         return self._version
 
-    async def _request(self, method: str, path: str, **kw: Any) -> tuple[int, str]:
-        """Status and body text of one call; engine trouble becomes ``EngineUnavailable``."""
+    async def _request(self, method: str, path: str, *, answer: bool = False, **kw: Any) -> tuple[int, str]:
+        """Status and body text of one call; connection trouble becomes ``EngineUnavailable``.
+
+        ``answer``: the call serves one client request (a completion). Then an error status is
+        that request's failure, not the engine's: a 4xx is the request's fault (400), a 5xx an
+        ``EngineError`` (502); neither says the engine is down. For control calls and the stats
+        poll, a 5xx means the engine is not healthy.
+        """
         try:
             async with self._client().request(method, self.url + path, **kw) as resp:
                 status, text = resp.status, await resp.text()
@@ -107,13 +121,19 @@ class VLLMBackend:
             raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}: {e}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out on {path}") from e
+        if status < 300:
+            return status, text
+        self._raise_status(status, text, path, answer)
+        raise AssertionError("unreachable")
+
+    def _raise_status(self, status: int, text: str, path: str, answer: bool) -> None:
+        if answer and status >= 500:
+            raise EngineError(f"engine {self.name} failed on this request ({status}): {text[:200]}")
         if status >= 500:
             raise EngineUnavailable(f"engine {self.name} returned {status} on {path}: {text[:200]}")
-        if status == 400:
+        if status == 400 or (answer and status >= 400):
             self._raise_bad_request(text)
-        if status >= 300:
-            raise EngineError(f"engine {self.name} returned {status} on {path}: {text[:200]}")
-        return status, text
+        raise EngineError(f"engine {self.name} returned {status} on {path}: {text[:200]}")
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return json.loads((await self._request(method, path, **kw))[1])
@@ -177,12 +197,16 @@ class VLLMBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
         version = self._version
-        data = await self._json("POST", "/v1/completions", json=body)
-        choice = data["choices"][0]
-        ids = list(choice.get("token_ids") or [])
-        lps = self._logprobs(choice, len(ids))
-        usage = data.get("usage") or {}
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        text = (await self._request("POST", "/v1/completions", answer=True, json=body))[1]
+        try:
+            data = json.loads(text)
+            choice = data["choices"][0]
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            usage = data.get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            lps = self._logprobs(choice, len(ids))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
         return Completion(
             token_ids=ids,
             logprobs=lps,
@@ -206,11 +230,8 @@ class VLLMBackend:
         version = self._version
         try:
             async with self._client().post(self.url + "/v1/completions", json=body) as resp:
-                if resp.status >= 400:
-                    text = await resp.text()
-                    if resp.status == 400:
-                        self._raise_bad_request(text)
-                    raise EngineUnavailable(f"engine {self.name} returned {resp.status}")
+                if resp.status >= 300:
+                    self._raise_status(resp.status, await resp.text(), "/v1/completions", answer=True)
                 async for raw in resp.content:  # one SSE line at a time
                     line = raw.decode().strip()
                     if not line.startswith("data:"):
@@ -218,23 +239,34 @@ class VLLMBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    data = json.loads(payload)
-                    for choice in data.get("choices") or []:
-                        ids = list(choice.get("token_ids") or [])
-                        reason = choice.get("finish_reason")
-                        if not ids and reason is None:
-                            continue
-                        yield CompletionDelta(
-                            token_ids=ids,
-                            logprobs=self._logprobs(choice, len(ids)),
-                            finish_reason=_finish(reason) if reason is not None else None,
-                            prompt_tokens=len(prompt_ids),
-                            policy_version=version,
-                        )
+                    for delta in self._deltas(payload, len(prompt_ids), version):
+                        yield delta
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
+
+    def _deltas(self, payload: str, prompt_tokens: int, version: int) -> list[CompletionDelta]:
+        """One streamed event's deltas; an unreadable event is the engine's error on this request."""
+        try:
+            out = []
+            for choice in json.loads(payload).get("choices") or []:
+                ids = [int(t) for t in choice.get("token_ids") or []]
+                reason = choice.get("finish_reason")
+                if not ids and reason is None:
+                    continue
+                out.append(
+                    CompletionDelta(
+                        token_ids=ids,
+                        logprobs=self._logprobs(choice, len(ids)),
+                        finish_reason=_finish(reason) if reason is not None else None,
+                        prompt_tokens=prompt_tokens,
+                        policy_version=version,
+                    )
+                )
+            return out
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise EngineError(f"engine {self.name} streamed an unreadable event: {payload[:200]}") from e
 
     async def stats(self) -> EngineStats:
         return parse_vllm_metrics((await self._request("GET", "/metrics"))[1])

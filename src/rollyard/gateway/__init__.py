@@ -5,6 +5,7 @@ from rollyard.gateway.programs import ProgramTable, resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.service import Gateway
+from rollyard.gateway.settings import GatewayLimits
 from rollyard.gateway.tokenizer import FastTokenizer, Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
@@ -14,6 +15,7 @@ __all__ = [
     "ConversationState",
     "FastTokenizer",
     "Gateway",
+    "GatewayLimits",
     "Message",
     "ProgramTable",
     "RenderPlan",

@@ -19,14 +19,18 @@ from rollyard.gateway import (
     routes_openai_chat,
     routes_openai_responses,
 )
+from rollyard.gateway.breaker import CircuitBreaker, ErrorBudget
 from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
+from rollyard.gateway.guard import GuardedBackend, GuardMetrics
+from rollyard.gateway.limits import BodyLimit
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import Renderer
 from rollyard.gateway.service import Gateway
+from rollyard.gateway.settings import GatewayLimits
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.sched import Policy, Scheduler, make_policy
 
@@ -58,8 +62,25 @@ def build_gateway(
     )
 
 
-def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
-    """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs."""
+def create_app(
+    gateway: Gateway, poll_interval_s: float = 2.0, limits: GatewayLimits | None = None
+) -> FastAPI:
+    """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs.
+
+    ``limits`` (``GatewayLimits``): bodies over ``max_body_bytes`` get a 413 before they are
+    read whole; ``/metrics`` needs the admin token unless ``open_metrics``; each engine sits
+    behind a circuit breaker (``guard.GuardedBackend``) and each program has an error budget.
+    """
+    limits = limits or GatewayLimits()
+    guard = GuardMetrics(gateway.metrics.registry)
+    pool = gateway.pool
+    for name, backend in list(pool.backends.items()):
+        if not isinstance(backend, GuardedBackend):
+            breaker = CircuitBreaker(gateway.clock, limits.breaker_base_s, limits.breaker_max_s)
+            pool.backends[name] = GuardedBackend(backend, breaker, guard)
+    gateway.renderer.offload_chars = limits.offload_chars
+    budget = ErrorBudget(gateway.clock, limits.error_budget, limits.error_window_s, limits.error_cooldown_s)
+    gateway.programs.on_terminate(lambda p: budget.forget(p.id))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,6 +102,8 @@ def create_app(gateway: Gateway, poll_interval_s: float = 2.0) -> FastAPI:
 
     app = FastAPI(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
+    app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
     app.include_router(routes_meta.router)
     app.include_router(routes_admin.router)

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from rollyard.core.errors import EngineUnavailable, RollyardError
+from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest, RollyardError
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ _OPENAI_TYPE = {
     403: "permission_error",
     404: "not_found_error",
     409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
     502: "api_error",
     503: "service_unavailable",
 }
@@ -56,23 +58,51 @@ def error_body(path: str, status: int, message: str, code: str, param: str | Non
 
 
 def error_response(path: str, status: int, message: str, code: str, param: str | None = None) -> JSONResponse:
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
     return JSONResponse(error_body(path, status, message, code, param), status_code=status, headers=headers)
 
 
 def rollyard_error_response(path: str, e: RollyardError) -> JSONResponse:
     resp = error_response(path, e.http_status, e.message, e.code, getattr(e, "param", None))
-    if isinstance(e, EngineUnavailable):
-        resp.headers["Retry-After"] = str(max(1, round(e.retry_after_s)))
+    retry_after = getattr(e, "retry_after_s", None)
+    if retry_after is not None:
+        resp.headers["Retry-After"] = str(max(1, round(retry_after)))
     return resp
 
 
 def _loc(err: dict[str, Any]) -> str:
-    return ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+    """Where a validation error is; keys come from the client, so each is cut short."""
+    return ".".join(str(x)[:64] for x in err.get("loc", ()) if x != "body")[:256]
+
+
+def count_failure(request: Request, e: Exception) -> None:
+    """Feed a failed model request to its program's error budget and the error metrics.
+
+    Charged: what the request caused (a 400 of any kind, or an engine failing on it).
+    Not charged: auth, conflicts, throttling itself, and an engine being unavailable.
+    """
+    state = request.app.state
+    guard = getattr(state, "guard", None)
+    if guard is None:
+        return
+    if isinstance(e, EngineUnavailable):
+        guard.request_errors.labels("engine").inc()
+        return
+    if not isinstance(e, InvalidRequest | EngineError | RequestValidationError):
+        return
+    guard.request_errors.labels("request").inc()
+    pid = getattr(request.state, "program_id", None)
+    if pid is not None:
+        before = state.budget.throttled
+        state.budget.charge(pid)
+        if state.budget.throttled > before:
+            guard.throttled.inc()
+            log.warning("program throttled program=%s (error budget spent)", pid)
 
 
 async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, RollyardError)
+    count_failure(request, e)
     level = logging.WARNING if e.http_status >= 500 else logging.INFO
     log.log(level, "request failed path=%s status=%d code=%s", request.url.path, e.http_status, e.code)
     return rollyard_error_response(request.url.path, e)
@@ -80,18 +110,19 @@ async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
 
 async def _on_validation(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, RequestValidationError)
+    count_failure(request, e)
     errs = list(e.errors())
     first = errs[0] if errs else {}
     if first.get("type") == "json_invalid":
         return error_response(request.url.path, 400, "request body is not valid JSON", "invalid_json")
     param = _loc(first) or None
-    msg = "; ".join(f"{_loc(x) or 'body'}: {x.get('msg', 'invalid')}" for x in errs[:5])
+    msg = "; ".join(f"{_loc(x) or 'body'}: {str(x.get('msg', 'invalid'))[:200]}" for x in errs[:5])
     return error_response(request.url.path, 400, msg, "invalid_request_error", param)
 
 
 async def _on_http(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, HTTPException)
-    code = "not_found" if e.status_code == 404 else "http_error"
+    code = {404: "not_found", 413: "request_too_large"}.get(e.status_code, "http_error")
     return error_response(request.url.path, e.status_code, str(e.detail), code)
 
 

@@ -26,7 +26,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollyard.core.errors import NotFound
+import pydantic_core
+
+from rollyard.core.errors import JournalUnavailable, NotFound
 from rollyard.core.program import Program
 from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
 from rollyard.gateway.renderer import ConversationState
@@ -83,13 +85,16 @@ class SqliteJournal:
         for sql, args in statements:
             by_sql.setdefault(sql, []).append(args)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
+                self._db.execute("BEGIN IMMEDIATE")
                 for sql, rows in by_sql.items():
                     self._db.executemany(sql, rows)
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as e:
+                if self._db.in_transaction:  # SQLite may have rolled back already (disk full)
+                    self._db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.OperationalError):  # disk full, I/O error: not the caller's
+                    raise JournalUnavailable(f"the journal cannot write: {e}") from e
                 raise
 
     # programs -------------------------------------------------------------
@@ -133,7 +138,7 @@ class SqliteJournal:
             (
                 "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
                 "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
-                (program.id, json.dumps(state.to_json())),
+                (program.id, pydantic_core.to_json(state.to_json()).decode()),  # ~5x json.dumps on ids
             ),
             ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
         ]
@@ -164,7 +169,7 @@ class SqliteJournal:
         try:
             self._tx([s for stmts, _ in batch for s in stmts])
             results: list[BaseException | None] = [None] * len(batch)
-        except sqlite3.Error:  # find the culprit: one transaction per caller
+        except (sqlite3.Error, JournalUnavailable):  # find the culprit: one transaction per caller
             results = [self._try_tx(stmts) for stmts, _ in batch]
         for (_, done), err in zip(batch, results, strict=True):
             if done.done():
@@ -177,7 +182,7 @@ class SqliteJournal:
     def _try_tx(self, stmts: list[Statement]) -> BaseException | None:
         try:
             self._tx(stmts)
-        except sqlite3.Error as e:
+        except (sqlite3.Error, JournalUnavailable) as e:
             return e
         return None
 

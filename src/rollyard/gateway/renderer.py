@@ -25,11 +25,14 @@ a new segment.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollyard.core.errors import ContextLengthExceeded
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
@@ -105,24 +108,33 @@ class RenderPlan:
 
 
 _FIRST_CACHE_SIZE = 256
+_FIRST_CACHE_MAX_CHARS = 256 * 1024  # 256 entries of at most this: <= ~128 MB, text and ids
+OFFLOAD_CHARS = 32_768  # requests with more text are rendered in a worker thread
+
+
+def request_chars(request: ChatRequest) -> int:
+    """A cheap size estimate: the text a render would tokenize (tools counted roughly)."""
+    n = sum(len(m.content) + len(m.reasoning or "") for m in request.messages)
+    return n + sum(len(t.description) + 256 for t in request.tools)
 
 
 class Renderer:
     """Renders ``ChatRequest`` messages to prompt ids, and completions back to messages."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, offload_chars: int = OFFLOAD_CHARS) -> None:
         self.tok = tokenizer
+        self.offload_chars = offload_chars
         self.gen_prompt_ids = tokenizer.encode(ct.render_generation_prompt())
         # First messages (system prompt + tools block) repeat across a task's programs and are
         # often the longest text in a request: their ids are kept, keyed by the rendered text.
         self._first_ids = functools.lru_cache(maxsize=_FIRST_CACHE_SIZE)(
-            lambda text: tuple(tokenizer.encode(text))
+            lambda text: array("i", tokenizer.encode(text))  # 4 bytes an id, not ~36
         )
 
     def message_ids(self, message: Message, tools: list[Tool], first: bool) -> list[int]:
         tpl_tools = [t.to_template() for t in tools] or None
         text = ct.render_message(message.to_template(), tpl_tools, first=first)
-        if not first:
+        if not first or len(text) > _FIRST_CACHE_MAX_CHARS:  # the cache is bounded in bytes too
             return self.tok.encode(text)
         return list(self._first_ids(text))  # a fresh list: callers extend it in place
 
@@ -134,6 +146,33 @@ class Renderer:
         for i, m in enumerate(msgs):
             ids += self.message_ids(m, request.tools, first=(i == 0))
         return ids + self.gen_prompt_ids
+
+    def check_fits(self, request: ChatRequest | str, limit: int) -> None:
+        """Refuse, without tokenizing, text too long to fit ``limit`` tokens whatever its ids."""
+        longest = getattr(self.tok, "max_token_chars", 0)
+        if not longest:
+            return
+        if isinstance(request, str):
+            chars = len(request)
+        else:
+            chars = sum(len(m.content) + len(m.reasoning or "") for m in request.messages)
+        if chars > limit * longest:
+            raise ContextLengthExceeded(
+                f"the prompt has {chars} characters, more than {limit} tokens can hold "
+                f"(this program's context limit is {limit} tokens)"
+            )
+
+    async def arender(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
+        """``render``, in a worker thread for large requests: a multi-megabyte prompt must not
+        stall the event loop (``/health``, every other program) while it is tokenized."""
+        if request_chars(request) <= self.offload_chars:
+            return self.render(request, state)
+        return await asyncio.to_thread(self.render, request, state)
+
+    async def aencode(self, text: str) -> list[int]:
+        if len(text) <= self.offload_chars:
+            return self.tok.encode(text)
+        return await asyncio.to_thread(self.tok.encode, text)
 
     def render(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
         """Reuse the previous turn's ids when the request extends it; else render fresh."""

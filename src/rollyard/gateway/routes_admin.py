@@ -14,15 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.trajectory import Outcome
-from rollyard.gateway.edge import api_key, gateway, not_on_sandbox_socket
+from rollyard.gateway.edge import PROGRAM_ID, api_key, gateway, not_on_sandbox_socket
+from rollyard.gateway.limits import StrictRoute
 
-router = APIRouter(dependencies=[Depends(not_on_sandbox_socket)])
+router = APIRouter(dependencies=[Depends(not_on_sandbox_socket)], route_class=StrictRoute)
 
 
 class CreateProgram(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    id: str | None = Field(default=None, pattern=PROGRAM_ID, max_length=64)
     group_id: str = "default"
     group_size: int = Field(default=1, ge=1, le=4096)  # how many programs share group_id
     task_id: str = "default"

@@ -13,76 +13,55 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.bodies import MessagesBody, ignored_fields
+from rollyard.gateway.bodies.anthropic import (
+    IGNORED,
+    Block,
+    TextBlock,
+)
+from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
+from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
-router = APIRouter()
-
-_IGNORED = (
-    "thinking context_management output_config metadata stop_sequences service_tier container mcp_servers"
-)
+router = APIRouter(route_class=StrictRoute)
 
 
-class MessagesBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    max_tokens: int | None = Field(default=None, ge=1)
-    messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    stream: bool | None = False
-
-
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise InvalidRequest(f"{where} must be a string or a list of content blocks")
-    return content
-
-
-def _user(blocks: list[dict[str, Any]], where: str) -> list[Message]:
+def _user(blocks: list[Block], where: str) -> list[Message]:
     """Tool results become tool messages (in order); text blocks one user message."""
     out: list[Message] = []
-    text: list[dict[str, Any]] = []
+    text: list[TextBlock] = []
     for i, b in enumerate(blocks):
-        kind = b.get("type")
-        if kind == "tool_result":
+        if b["type"] == "tool_result":
             body = text_of(b.get("content"), f"{where}[{i}].content")
             if b.get("is_error"):
                 body = f"[error] {body}"
             out.append(Message("tool", body, tool_call_id=b.get("tool_use_id")))
-        elif kind == "text":
+        elif b["type"] == "text":
             text.append(b)
         else:
-            raise InvalidRequest(f"{where}[{i}]: block type {kind!r} is not supported in a user message")
+            raise InvalidRequest(f"{where}[{i}]: block type {b.type!r} is not supported in a user message")
     if text:
         out.append(Message("user", text_of(text, where)))
     return out
 
 
-def _assistant(blocks: list[dict[str, Any]], where: str) -> Message:
+def _assistant(blocks: list[Block], where: str) -> Message:
     text, calls, reasoning = [], [], None
     for i, b in enumerate(blocks):
-        kind = b.get("type")
+        kind = b["type"]
         if kind == "text":
-            text.append(b.get("text", ""))
+            text.append(b["text"])  # type: ignore[typeddict-item]
         elif kind == "tool_use":
-            calls.append(tool_call(b.get("name"), b.get("input"), b.get("id"), f"{where}[{i}]"))
+            calls.append(tool_call(b["name"], b.get("input"), b.get("id")))  # type: ignore[typeddict-item]
         elif kind == "thinking":
-            reasoning = b.get("thinking")
+            reasoning = b["thinking"]  # type: ignore[typeddict-item]
         elif kind == "redacted_thinking":
             continue
         else:
@@ -95,39 +74,37 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> Message:
 def parse_messages(body: MessagesBody) -> list[Message]:
     out: list[Message] = []
     if body.system:
-        out.append(Message("system", text_of(_blocks(body.system, "system"), "system")))
+        out.append(Message("system", text_of(body.system, "system")))
     for i, m in enumerate(body.messages):
         where = f"messages[{i}].content"
-        role = m.get("role")
-        blocks = _blocks(m.get("content", ""), where)
-        if role == "user":
+        blocks: list[Block] = (
+            [TextBlock(type="text", text=content)] if isinstance(content := m["content"], str) else content
+        )
+        if m["role"] == "user":
             out += _user(blocks, where)
-        elif role == "assistant":
+        elif m["role"] == "assistant":
             out.append(_assistant(blocks, where))
-        elif role == "system":
-            out.append(Message("system", text_of(blocks, where)))
         else:
-            raise InvalidRequest(f"messages[{i}].role must be user or assistant, not {role!r}")
+            out.append(Message("system", text_of(blocks, where)))
     return out
 
 
-def parse_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
-    tools = []
-    for i, t in enumerate(raw or []):
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise InvalidRequest(f"tools[{i}] needs a name")
-        if "input_schema" not in t and t.get("type") not in (None, "custom"):
-            continue  # server tools (web_search, bash_20250124, ...) cannot run here
-        tools.append(Tool(t["name"], t.get("description") or "", t.get("input_schema") or {}))
-    return tools
+def parse_tools(raw: list[AnthropicTool] | None) -> list[Tool]:
+    """Custom tools; server tools (web_search, bash_20250124, ...) cannot run here and are skipped."""
+    return [
+        Tool(t["name"], t.get("description") or "", t.get("input_schema") or {})  # type: ignore[typeddict-item]
+        for t in raw or []
+        if t.get("type", "custom") == "custom"
+    ]
 
 
 def to_request(body: MessagesBody, request: Request) -> ChatRequest:
     if not body.messages:
         raise InvalidRequest("messages must not be empty")
+    tools = parse_tools(body.tools)
     req = ChatRequest(
         messages=parse_messages(body),
-        tools=parse_tools(body.tools),
+        tools=tools,
         max_tokens=body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
@@ -136,22 +113,24 @@ def to_request(body: MessagesBody, request: Request) -> ChatRequest:
         model=body.model,
         api="anthropic",
     )
-    tc = body.tool_choice or {}
-    kind = tc.get("type", "auto")
+    tc = body.tool_choice
+    kind = tc["type"] if tc is not None else "auto"
     if kind == "any":
         req.tool_choice = "required"
     elif kind == "tool":
-        req.tool_name = tc.get("name")
+        req.tool_name = tc["name"]  # type: ignore[index, typeddict-item]
     elif kind == "none":
         req.tool_choice = "none"
-    elif kind != "auto":
-        raise InvalidRequest(f"tool_choice.type must be auto, any, tool or none, not {kind!r}")
-    extra = body.model_extra or {}
-    req.ignored = {k: v for k, v in extra.items() if v is not None}
+    req.ignored = ignored_fields(body, IGNORED)
+    unknown = body.unknown_fields()
+    if unknown:
+        req.ignored["unknown_fields"] = unknown
     if request.headers.get("anthropic-beta"):
-        req.ignored["anthropic-beta"] = request.headers["anthropic-beta"]
-    if len(parse_tools(body.tools)) != len(body.tools or []):
-        req.ignored["server_tools"] = [t.get("name") for t in body.tools or [] if "input_schema" not in t]
+        req.ignored["anthropic-beta"] = request.headers["anthropic-beta"][:256]
+    if len(tools) != len(body.tools or []):
+        req.ignored["server_tools"] = [
+            t.get("name", "")[:64] for t in body.tools or [] if t.get("type", "custom") != "custom"
+        ][:32]
     return req
 
 
@@ -279,9 +258,9 @@ async def messages(body: MessagesBody, request: Request, program: Program = Depe
     req = to_request(body, request)
     if not req.stream:
         result = await gw.chat(program, req)
-        return JSONResponse(to_body(result), headers=result.timing_headers())
+        return FastJSONResponse(to_body(result), headers=result.timing_headers())
     model = req.model or gw.model_name
-    prompt_tokens = gw.count_tokens(program, req)
+    prompt_tokens = await gw.count_tokens(program, req)
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, model, prompt_tokens), True)
 
@@ -292,4 +271,4 @@ async def count_tokens(
 ) -> dict[str, int]:
     """Prompt tokens this request would have now (reusing the program's previous ids when it extends)."""
     gw = gateway(request)
-    return {"input_tokens": gw.count_tokens(program, to_request(body, request))}
+    return {"input_tokens": await gw.count_tokens(program, to_request(body, request))}

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
-from rollyard.gateway.edge import caller, gateway, not_on_sandbox_socket
+from rollyard.gateway.bodies.common import Body, MaxTokens, Seed, Temperature, TopP
+from rollyard.gateway.edge import api_key, caller, gateway, not_on_sandbox_socket
+from rollyard.gateway.limits import StrictRoute
 
-router = APIRouter()  # mounted at the root only
-model_router = APIRouter()  # mounted under every API prefix
+router = APIRouter(route_class=StrictRoute)  # mounted at the root only
+model_router = APIRouter(route_class=StrictRoute)  # mounted under every API prefix
 
 
 @router.get("/health")
@@ -30,7 +32,10 @@ async def health(request: Request) -> dict[str, Any]:
 
 @router.get("/metrics", dependencies=[Depends(not_on_sandbox_socket)])
 async def metrics(request: Request) -> Response:
+    """Prometheus text; needs the admin token unless the gateway runs with ``--open-metrics``."""
     gw = gateway(request)
+    if not request.app.state.limits.open_metrics:
+        gw.programs.require_admin(api_key(request))
     counts = Counter(p.state.value for p in gw.programs.all())
     for state in ("active", "paused", "finished", "terminated"):
         gw.metrics.programs.labels(state).set(counts.get(state, 0))
@@ -45,15 +50,16 @@ async def models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
-class CompletionBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
+
+class CompletionBody(Body):
     model: str = ""
-    prompt: str | list[int]
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    prompt: str | list[TokenId]
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
 
 
 @model_router.post("/completions")
@@ -62,8 +68,9 @@ async def completions(
 ) -> dict[str, Any]:
     """A raw completion: no chat template; recorded as a turn like any other model call."""
     gw = gateway(request)
-    if isinstance(body.prompt, list) and any(t < 0 for t in body.prompt):
-        raise InvalidRequest("prompt token ids must be >= 0", code="invalid_request_error")
+    vocab = getattr(gw.renderer.tok, "vocab_size", 0)
+    if isinstance(body.prompt, list) and vocab and any(t >= vocab for t in body.prompt):
+        raise InvalidRequest(f"prompt token ids must be below the vocabulary size {vocab}")
     r = await gw.complete_raw(
         program, body.prompt, body.max_tokens, body.temperature, body.top_p, body.seed, body.model
     )

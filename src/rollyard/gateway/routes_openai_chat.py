@@ -8,93 +8,50 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.bodies import ChatCompletionBody, ignored_fields
+from rollyard.gateway.bodies.openai_chat import (
+    IGNORED,
+    ChatMessage,
+    ChatTool,
+)
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
+from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
-from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
+from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
-router = APIRouter()
+router = APIRouter(route_class=StrictRoute)
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
-# Accepted and knowingly not honoured; recorded in the turn's IGNORED_PARAMS event when set.
-_IGNORED = [
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "user",
-    "parallel_tool_calls",
-    "response_format",
-    "stop",
-    "logprobs",
-    "top_logprobs",
-    "metadata",
-    "store",
-    "reasoning_effort",
-    "service_tier",
-    "prediction",
-    "modalities",
-    "audio",
-]
 
 
-class ChatCompletionBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    n: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
-
-
-def parse_messages(raw: list[dict[str, Any]]) -> list[Message]:
+def parse_messages(raw: list[ChatMessage]) -> list[Message]:
     out = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        role = _ROLES.get(m.get("role", ""))
-        if role is None:
-            raise InvalidRequest(f"{where}.role must be one of {sorted(_ROLES)}, not {m.get('role')!r}")
         content = text_of(m.get("content"), f"{where}.content")
-        calls = []
-        for j, c in enumerate(m.get("tool_calls") or []):
-            fn = c.get("function") if isinstance(c, dict) else None
-            if not isinstance(fn, dict):
-                raise InvalidRequest(f"{where}.tool_calls[{j}] needs a function object")
-            calls.append(
-                tool_call(fn.get("name"), fn.get("arguments"), c.get("id"), f"{where}.tool_calls[{j}]")
+        calls: tuple[ToolCall, ...] = ()
+        reasoning, call_id = None, None
+        if m["role"] == "assistant":
+            calls = tuple(
+                tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
+                for c in m.get("tool_calls") or ()
             )
-        reasoning = m.get("reasoning_content") or m.get("reasoning")
-        out.append(
-            Message(
-                role,
-                content,
-                tuple(calls),
-                reasoning if isinstance(reasoning, str) else None,
-                m.get("tool_call_id"),
-            )  # type: ignore[arg-type]
-        )
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+        elif m["role"] == "tool":
+            call_id = m.get("tool_call_id")
+        out.append(Message(_ROLES[m["role"]], content, calls, reasoning, call_id))  # type: ignore[arg-type]
     return out
 
 
-def parse_tools(raw: list[dict[str, Any]] | None) -> list[Tool]:
+def parse_tools(raw: list[ChatTool] | None) -> list[Tool]:
     tools = []
-    for i, t in enumerate(raw or []):
-        fn = t.get("function")
-        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not fn.get("name"):
-            raise InvalidRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+    for t in raw or []:  # function tools only: any other type is refused by the body model
+        fn = t["function"]
         tools.append(Tool(fn["name"], fn.get("description") or "", fn.get("parameters") or {}))
     return tools
 
@@ -118,16 +75,11 @@ def to_request(body: ChatCompletionBody) -> ChatRequest:
     )
     tc = body.tool_choice
     if isinstance(tc, dict):
-        req.tool_name = (tc.get("function") or {}).get("name")
-        if not req.tool_name:
-            raise InvalidRequest("tool_choice object needs function.name")
-    elif tc in ("auto", "none", "required"):
-        req.tool_choice = tc  # type: ignore[assignment]
+        req.tool_name = tc["function"]["name"]
     elif tc is not None:
-        raise InvalidRequest(f"tool_choice must be auto, none, required or a function, not {tc!r}")
-    extra = body.model_extra or {}
-    req.ignored = {k: v for k, v in extra.items() if v is not None and k in _IGNORED}
-    unknown = sorted(k for k in extra if k not in _IGNORED)
+        req.tool_choice = tc
+    req.ignored = ignored_fields(body, IGNORED)
+    unknown = body.unknown_fields()
     if unknown:
         req.ignored["unknown_fields"] = unknown
     return req
@@ -209,7 +161,7 @@ async def chat_completions(
     req = to_request(body)
     if not req.stream:
         result = await gw.chat(program, req)
-        return JSONResponse(to_body(result), headers=result.timing_headers())
+        return FastJSONResponse(to_body(result), headers=result.timing_headers())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)

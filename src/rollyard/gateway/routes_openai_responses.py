@@ -15,38 +15,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import Response
 
-from rollyard.core.errors import InvalidRequest
 from rollyard.core.program import Program
-from rollyard.gateway.edge import caller, gateway, text_of, tool_call
+from rollyard.gateway.bodies import ResponsesBody, ignored_fields
+from rollyard.gateway.bodies.responses import (
+    IGNORED,
+    TEXT_PARTS,
+    InputItem,
+)
+from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
+from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
-router = APIRouter()
+router = APIRouter(route_class=StrictRoute)
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
-class ResponsesBody(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool | None = False
-    previous_response_id: str | None = None
-
-
-def parse_input(items: str | list[dict[str, Any]]) -> list[Message]:
+def parse_input(items: str | list[InputItem]) -> list[Message]:
     if isinstance(items, str):
         return [Message("user", items)]
     out: list[Message] = []
@@ -55,10 +44,8 @@ def parse_input(items: str | list[dict[str, Any]]) -> list[Message]:
         where = f"input[{i}]"
         kind = it.get("type", "message")
         if kind == "message":
-            role = _ROLES.get(it.get("role", ""))
-            if role is None:
-                raise InvalidRequest(f"{where}.role must be one of {sorted(_ROLES)}")
-            text = text_of(it.get("content"), f"{where}.content", _TEXT_PARTS)
+            role = _ROLES[it["role"]]  # type: ignore[typeddict-item]
+            text = text_of(it["content"], f"{where}.content", TEXT_PARTS)  # type: ignore[typeddict-item]
             if role == "assistant" and out and out[-1].role == "assistant" and not out[-1].content:
                 prev = out.pop()  # function calls came first; keep one assistant message
                 out.append(Message("assistant", text, prev.tool_calls, prev.reasoning))
@@ -66,7 +53,7 @@ def parse_input(items: str | list[dict[str, Any]]) -> list[Message]:
                 out.append(Message(role, text, reasoning=reasoning if role == "assistant" else None))  # type: ignore[arg-type]
             reasoning = None if role == "assistant" else reasoning
         elif kind == "function_call":
-            call = tool_call(it.get("name"), it.get("arguments"), it.get("call_id"), where)
+            call = tool_call(it["name"], it.get("arguments"), it.get("call_id"))  # type: ignore[typeddict-item]
             if out and out[-1].role == "assistant":
                 prev = out.pop()
                 out.append(Message("assistant", prev.content, (*prev.tool_calls, call), prev.reasoning))
@@ -74,14 +61,11 @@ def parse_input(items: str | list[dict[str, Any]]) -> list[Message]:
                 out.append(Message("assistant", "", (call,), reasoning))
             reasoning = None
         elif kind == "function_call_output":
-            output = it.get("output")
-            text = output if isinstance(output, str) else text_of(output, f"{where}.output", _TEXT_PARTS)
+            text = text_of(it["output"], f"{where}.output", TEXT_PARTS)  # type: ignore[typeddict-item]
             out.append(Message("tool", text, tool_call_id=it.get("call_id")))
-        elif kind == "reasoning":
-            parts = it.get("summary") or it.get("content") or []
-            reasoning = text_of(parts, f"{where}.summary", _TEXT_PARTS) or None
         else:
-            raise InvalidRequest(f"{where}: input item type {kind!r} is not supported")
+            parts = it.get("summary") or it.get("content") or []
+            reasoning = text_of(parts, f"{where}.summary", TEXT_PARTS) or None
     return out
 
 
@@ -89,14 +73,12 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
     msgs = parse_input(body.input)
     if body.instructions:
         msgs.insert(0, Message("system", body.instructions))
-    tools, skipped = [], []
-    for i, t in enumerate(body.tools or []):
-        if t.get("type") != "function":
-            skipped.append(t.get("type"))
-            continue
-        if not t.get("name"):
-            raise InvalidRequest(f"tools[{i}] needs a name")
-        tools.append(Tool(t["name"], t.get("description") or "", t.get("parameters") or {}))
+    tools = [
+        Tool(t["name"], t.get("description") or "", t.get("parameters") or {})  # type: ignore[typeddict-item]
+        for t in body.tools or []
+        if t["type"] == "function"
+    ]
+    skipped = [t["type"][:64] for t in body.tools or [] if t["type"] != "function"][:32]
     if previous and msgs and msgs[0].role == "system" and body.instructions:
         msgs = msgs[1:]  # instructions are already the first message of the stored conversation
     req = ChatRequest(
@@ -111,14 +93,13 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
     )
     tc = body.tool_choice
     if isinstance(tc, dict):
-        req.tool_name = tc.get("name") or (tc.get("function") or {}).get("name")
-        if tc.get("type") != "function" or not req.tool_name:
-            raise InvalidRequest("tool_choice object must be {'type': 'function', 'name': ...}")
-    elif tc in ("auto", "none", "required"):
-        req.tool_choice = tc  # type: ignore[assignment]
+        req.tool_name = tc["name"]
     elif tc is not None:
-        raise InvalidRequest(f"tool_choice must be auto, none, required or a function, not {tc!r}")
-    req.ignored = {k: v for k, v in (body.model_extra or {}).items() if v is not None}
+        req.tool_choice = tc
+    req.ignored = ignored_fields(body, IGNORED)
+    unknown = body.unknown_fields()
+    if unknown:
+        req.ignored["unknown_fields"] = unknown
     if skipped:
         req.ignored["non_function_tools"] = skipped
     return req
@@ -341,8 +322,8 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
     req = to_request(body, previous)
     if not req.stream:
         r = await gw.chat(program, req)
-        body = _response(r, r.request_id, req.model or gw.model_name, req, r.created)
-        return JSONResponse(body, headers=r.timing_headers())
+        answer = _response(r, r.request_id, req.model or gw.model_name, req, r.created)
+        return FastJSONResponse(answer, headers=r.timing_headers())
     req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name), False)

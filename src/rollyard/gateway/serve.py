@@ -22,6 +22,7 @@ from rollyard.core.tables import write_parquet
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
+from rollyard.gateway.settings import GatewayLimits
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.sched import make_policy
 
@@ -79,6 +80,7 @@ def serve(
     tcp: bool = True,
     policy: str = "fifo",
     divide_tokens: int | None = None,
+    limits: GatewayLimits | None = None,
 ) -> None:
     """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given."""
     from rollyard.engines.vllm import VLLMBackend
@@ -93,7 +95,11 @@ def serve(
     if token_file is not None:
         log.warning("admin token written to %s (mode 0600)", token_file)
         print(f"rollyard gateway: admin token in {token_file}", flush=True)
-    backends = {f"engine{i}": VLLMBackend(url, name=f"engine{i}") for i, url in enumerate(engines)}
+    limits = limits or GatewayLimits()
+    backends = {
+        f"engine{i}": VLLMBackend(url, name=f"engine{i}", timeout_s=limits.engine_timeout_s)
+        for i, url in enumerate(engines)
+    }
     gw = build_gateway(
         backends,
         FastTokenizer(found_dir),
@@ -113,7 +119,11 @@ def serve(
         print(f"rollyard gateway: unix socket {uds}", flush=True)
     # requests held by the scheduler (a paused program) would keep a graceful stop waiting forever
     config = uvicorn.Config(
-        create_app(gw), log_level="warning", access_log=False, timeout_graceful_shutdown=10
+        create_app(gw, limits=limits),
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=limits.keep_alive_s,
+        timeout_graceful_shutdown=10,
     )
     try:
         uvicorn.Server(config).run(sockets=sockets)

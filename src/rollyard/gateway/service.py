@@ -62,13 +62,22 @@ class Gateway:
         self.clock, self.metrics = clock, metrics
         self.model_name, self.strict_model = model_name, strict_model
         self.divided = divided  # None: every generation runs in one piece
-        self.conversations: dict[str, ConversationState] = journal.load_conversations()
+        live = {p.id for p in programs.all() if not p.state.is_over}
+        self.conversations: dict[str, ConversationState] = {
+            pid: s for pid, s in journal.load_conversations().items() if pid in live
+        }
         self._locks: dict[str, asyncio.Lock] = {}
         programs.on_create(
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
         programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
+        programs.on_terminate(lambda p: self.forget(p.id))
         pool.on_decision(self._mirror_decision)
+
+    def forget(self, program_id: str) -> None:
+        """Free a finished program's in-memory state (its turns stay in the journal)."""
+        self.conversations.pop(program_id, None)
+        self._locks.pop(program_id, None)
 
     def _mirror_decision(self, d: Pause | Restore) -> None:
         """Show the scheduler's pauses in the program table (``GET /programs``, /metrics)."""
@@ -88,9 +97,9 @@ class Gateway:
                 )
             request.ignored["model"] = request.model
 
-    def count_tokens(self, program: Program, request: ChatRequest) -> int:
+    async def count_tokens(self, program: Program, request: ChatRequest) -> int:
         state = self.conversations.get(program.id)
-        return len(self.renderer.render(request, state).prompt_ids)
+        return len((await self.renderer.arender(request, state)).prompt_ids)
 
     async def chat(self, program: Program, request: ChatRequest) -> ChatResult:
         result: ChatResult | None = None
@@ -108,11 +117,14 @@ class Gateway:
         self.check_model(request)
         if not request.messages:
             raise InvalidRequest("messages must not be empty")
+        self.renderer.check_fits(request, context_limit(program, self.pool.max_model_len))
         entered = self.clock.now()
         async with self._locks.setdefault(program.id, asyncio.Lock()):
-            plan = self.renderer.render(request, self.conversations.get(program.id))
+            plan = await self.renderer.arender(request, self.conversations.get(program.id))
             async for item in self._run(program, request, plan, entered):
                 yield item
+        if program.state.is_over:  # finished while this turn ran: its state was already freed
+            self.forget(program.id)
 
     async def complete_raw(
         self,
@@ -129,7 +141,9 @@ class Gateway:
         request = ChatRequest([], max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
         request.model, request.api = model, "openai_completions"
         self.check_model(request)
-        ids = list(prompt) if isinstance(prompt, list) else self.renderer.tok.encode(prompt)
+        if isinstance(prompt, str):
+            self.renderer.check_fits(prompt, context_limit(program, self.pool.max_model_len))
+        ids = list(prompt) if isinstance(prompt, list) else await self.renderer.aencode(prompt)
         if not ids:
             raise InvalidRequest("prompt must not be empty")
         entered = self.clock.now()

@@ -8,6 +8,8 @@ from typing import Protocol
 from rollyard.core.errors import ConfigError
 from rollyard.engines.chat_template import IM_END
 
+_GIL_FREE_CHARS = 4096
+
 
 class Tokenizer(Protocol):
     eos_id: int
@@ -31,9 +33,18 @@ class FastTokenizer:
         if eos is None:
             raise ConfigError(f"tokenizer in {model_dir} has no {IM_END} token; not a rollyard chat model")
         self.eos_id: int = eos
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.vocab_size: int = len(vocab)
+        # No token covers more text than this: a prompt of n chars has >= n / max_token_chars
+        # tokens, so one that cannot fit the context is refused before it is tokenized.
+        self.max_token_chars: int = max((len(t) for t in vocab), default=0)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        if len(text) <= _GIL_FREE_CHARS:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL (encode does not): a long text tokenized in a worker
+        # thread then leaves the event loop free.
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.engines.drafting.config import DraftingConfig
+from rollyard.gateway.settings import GatewayLimits
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.masks import StabilityMasks
@@ -96,6 +97,7 @@ class GatewayConfig(_Section):
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     divided: DividedConfig | None = None  # None: every generation runs in one piece
+    limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets
 
     @model_validator(mode="before")
     @classmethod

@@ -160,7 +160,11 @@ def start_engines(
         for i, url in enumerate(urls):
             backends.append(
                 VLLMBackend(
-                    url, name=f"engine{i}", max_model_len=cfg.engine.max_model_len, policy_version=version
+                    url,
+                    name=f"engine{i}",
+                    max_model_len=cfg.engine.max_model_len,
+                    policy_version=version,
+                    timeout_s=cfg.gateway.limits.engine_timeout_s,
                 )
             )
     except BaseException:
@@ -236,9 +240,10 @@ async def start_gateway(
     )
     port = cfg.gateway.port or free_port()
     config = uvicorn.Config(
-        create_app(gw),
+        create_app(gw, limits=cfg.gateway.limits),
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=cfg.gateway.limits.keep_alive_s,
         lifespan="on",
         timeout_graceful_shutdown=int(GATEWAY_DRAIN_S),
     )

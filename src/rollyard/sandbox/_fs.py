@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rollyard.core.errors import InvalidRequest, SandboxError
+from rollyard.sandbox._quota import unmount
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NOATIME = getattr(os, "O_NOATIME", 0)
@@ -220,9 +221,11 @@ def upload_tree(src: Path, root: Path, dest: str, *, owner: tuple[int, int] | No
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a directory tree, making read-only subdirectories writable first."""
+    """Remove a directory tree (detaching a quota mount on it first), making read-only
+    subdirectories writable first."""
     if not os.path.lexists(path):
         return
+    unmount(path)
 
     def _retry(func: object, p: str, _exc: object) -> None:
         with contextlib.suppress(OSError):

@@ -23,6 +23,10 @@ class Limits(BaseModel):
     wall_seconds: float = Field(default=60.0, gt=0)
     output_bytes: int = Field(default=64 * 1024, ge=256)  # per stream, per command
     file_size_mb: int = Field(default=256, ge=1)
+    # All files of a sandbox together (workspace, /tmp, home): a size-limited tmpfs where the
+    # host allows mounts (bwrap provider as root); its pages count against memory_mb's cgroup.
+    disk_mb: int = Field(default=1024, ge=1)
+    seccomp: bool = True  # deny ptrace, mount, keyctl, bpf, perf_event_open, ... (bwrap provider)
 
 
 class SandboxSpec(BaseModel):

@@ -35,7 +35,9 @@ from rollyard.sandbox import _fs
 from rollyard.sandbox._cgroup import Cgroups
 from rollyard.sandbox._etc import build_etc
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
-from rollyard.sandbox._proc import confine, dash_confine, run_capped, wait_gone
+from rollyard.sandbox._proc import become_subreaper, confine, dash_confine, reap, run_capped, wait_gone
+from rollyard.sandbox._quota import mount_quota
+from rollyard.sandbox._seccomp import write_filter
 from rollyard.sandbox._uids import (
     UidAllocator,
     UidLease,
@@ -121,7 +123,13 @@ class BwrapSandbox(HostWorkspace):
         if limit <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout}")
         info_r, info_w = os.pipe()  # bwrap reports the host pid of the namespace's pid 1 here
-        argv = [*self._prefix, "--info-fd", str(info_w), *env_args, "--", *command]
+        fds = [info_w]
+        argv = [*self._prefix, "--info-fd", str(info_w)]
+        filt = self._provider.seccomp if self.spec.limits.seccomp else None
+        if filt is not None:  # bwrap reads the BPF program from this fd and loads it before exec
+            fds.append(os.open(filt, os.O_RDONLY | os.O_CLOEXEC))
+            argv += ["--seccomp", str(fds[-1])]
+        argv += [*env_args, "--", *command]
         self._active += 1
         try:
             try:
@@ -132,11 +140,12 @@ class BwrapSandbox(HostWorkspace):
                     env={"PATH": PATH},
                     cwd="/",
                     user=self._popen_uid,
-                    pass_fds=(info_w,),
+                    pass_fds=tuple(fds),
                     preexec=self._preexec,
                 )
             finally:
-                os.close(info_w)
+                for fd in fds:
+                    os.close(fd)
             await self._await_namespace_end(info_r)
         finally:
             os.close(info_r)
@@ -160,6 +169,8 @@ class BwrapSandbox(HostWorkspace):
         if isinstance(child, int) and not await wait_gone(child, 2.0):
             log.warning("sandbox=%s pid namespace of pid %d still alive after 2 s", self.id, child)
             self._killed = True  # let close() sweep
+        elif isinstance(child, int):
+            reap(child)  # orphaned when bwrap exited: adopted by us (become_subreaper), not a zombie
 
     def _settle(self, wait_s: float = 2.0, *, force: bool = False) -> None:
         """After a kill, wait until the killed pid namespace is really gone (the kernel tears it
@@ -232,6 +243,7 @@ class BwrapProvider:
                 if not os.stat(parent).st_mode & 0o001:
                     raise SandboxError(f"sandbox root {self.root}: {parent} is not searchable by others")
         self.etc_dir = build_etc(self.root, INSIDE_UID, HOME)
+        self.seccomp = write_filter(self.root)
         self.base_argv = self._base_argv()
         # Every live sandbox holds a lock here (shared by all providers on the host), which is how
         # leftovers of a crashed process are told apart from live sandboxes of another one.
@@ -244,6 +256,8 @@ class BwrapProvider:
             self._cgroups = Cgroups() if cgroups else None
         else:
             log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
+        if not become_subreaper():
+            log.warning("cannot become a child subreaper: exited sandboxes may linger as zombies")
         self.collect_stale()
 
     def _base_argv(self) -> list[str]:
@@ -366,6 +380,7 @@ class BwrapProvider:
             sb._preexec = confine(sb._rlimits(), procs)
             sb._popen_uid = lease.uid if lease is not None else None
         sb.dir.mkdir(mode=0o711)
+        mount_quota(sb.dir, sb.spec.limits.disk_mb)  # all of its files together (not per file)
         owner = sb._owner
         for sub in ("ws", "tmp", "home"):
             (sb.dir / sub).mkdir(mode=0o700)

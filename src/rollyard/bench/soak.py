@@ -1,0 +1,224 @@
+"""``rollyard bench soak``: many programs, many connections, hostile bodies, for a bounded time.
+
+A ``rollyard gateway`` process in front of a real vLLM: ``PROGRAMS`` programs registered up
+front, ``CONCURRENCY`` clients on keep-alive connections each running multi-turn
+conversations (streaming and not, alternating), finishing a program after ``TURNS`` turns and
+registering a new one (so finished programs' state must be freed). Meanwhile one client sends
+a 10 MB body every ~2 s (declared, then chunked: both must be refused with 413) and another
+polls ``/health`` every 50 ms.
+
+Reported: requests, errors (a status other than 200, or an error event in a stream), resets
+(a connection closed before any status), latency p50/p99, the gateway's RSS growth after
+warm-up (the first third of the run), and ``/health`` p99 while a 10 MB body was being
+refused; the baseline beside it is ``/health`` p99 at other times. The load average is
+recorded: on the shared 2-core machine the engine, the gateway and this client share cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from rollyard.bench._report import report
+from rollyard.bench.gateway import ADMIN, _engine, _gateway, _pct
+
+PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
+BIG = 10 * 1024 * 1024
+_RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Soak:
+    def __init__(self, url: str, session: aiohttp.ClientSession, until: float) -> None:
+        self.url, self.s, self.until = url, session, until
+        self.lat: list[float] = []
+        self.errors: dict[str, int] = {}
+        self.resets = 0
+        self.big_refused = 0
+        self.big_windows: list[tuple[float, float]] = []
+        self.health: list[tuple[float, float]] = []  # (at, seconds)
+        self.keys: list[str] = []
+        self.finished = 0
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    async def new_program(self) -> tuple[str, str]:
+        body = {"sampling": {"temperature": 1.0, "max_tokens": 8}}
+        async with self.s.post(f"{self.url}/programs", json=body, headers={"x-api-key": ADMIN}) as r:
+            p = await r.json()
+        return p["id"], p["api_key"]
+
+    async def turn(self, key: str, msgs: list[dict[str, Any]], stream: bool) -> str | None:
+        body = {"model": "tiny", "messages": msgs, "max_tokens": 8, "stream": stream}
+        t = time.perf_counter()
+        try:
+            async with self.s.post(
+                f"{self.url}/v1/chat/completions", json=body, headers={"x-api-key": key}
+            ) as r:
+                if r.status != 200:
+                    self.error(f"status_{r.status}")
+                    await r.read()
+                    return None
+                if not stream:
+                    text = (await r.json())["choices"][0]["message"]["content"] or ""
+                else:
+                    text = ""
+                    async for raw in r.content:
+                        line = raw.decode().strip()
+                        if not line.startswith("data: {"):
+                            continue
+                        data = json.loads(line[6:])
+                        if "error" in data:
+                            self.error("stream_error")
+                            return None
+                        for c in data.get("choices") or []:
+                            text += c["delta"].get("content") or ""
+        except _RESETS:
+            self.resets += 1
+            return None
+        self.lat.append(time.perf_counter() - t)
+        return text
+
+    async def client(self, programs: list[tuple[str, str]]) -> None:
+        n = 0
+        while time.perf_counter() < self.until:
+            pid, key = programs.pop(0) if programs else await self.new_program()
+            msgs: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+            for t in range(TURNS):
+                msgs.append({"role": "user", "content": f"step {t}: list {random.randrange(1000)}"})
+                answer = await self.turn(key, msgs, stream=(n + t) % 2 == 1)
+                if answer is None or time.perf_counter() >= self.until:
+                    break
+                msgs.append({"role": "assistant", "content": answer})
+            async with self.s.post(
+                f"{self.url}/programs/{pid}/finish", json={"status": "success"}, headers={"x-api-key": ADMIN}
+            ) as r:
+                self.finished += r.status == 200
+            n += 1
+
+    async def poll_health(self) -> None:
+        async with aiohttp.ClientSession() as s:
+            while time.perf_counter() < self.until:
+                t = time.perf_counter()
+                async with s.get(f"{self.url}/health") as r:
+                    await r.read()
+                self.health.append((t, time.perf_counter() - t))
+                await asyncio.sleep(0.05)
+
+    async def send_big(self, key: str) -> None:
+        blob = json.dumps({"messages": [{"role": "user", "content": "x" * BIG}]}).encode()
+
+        async def chunks() -> Any:
+            for i in range(0, len(blob), 1 << 16):
+                yield blob[i : i + (1 << 16)]
+
+        for i in itertools.count():
+            if time.perf_counter() >= self.until:
+                return
+            t = time.perf_counter()
+            data: Any = blob if i % 2 == 0 else chunks()
+            try:
+                async with (
+                    aiohttp.ClientSession() as s,
+                    s.post(
+                        f"{self.url}/v1/chat/completions",
+                        data=data,
+                        headers={"x-api-key": key, "content-type": "application/json"},
+                    ) as r,
+                ):
+                    await r.read()
+                    self.big_refused += r.status == 413
+            except _RESETS:  # the server may close before reading a declared oversized body
+                self.big_refused += 1
+            self.big_windows.append((t, time.perf_counter()))
+            await asyncio.sleep(2.0)
+
+
+async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: int) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=concurrency + 16, keepalive_timeout=30.0)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        soak = Soak(url, session, until=0.0)
+        t = time.perf_counter()
+        progs = [await soak.new_program() for _ in range(programs)]
+        register_s = time.perf_counter() - t
+        start = time.perf_counter()
+        soak.until = start + seconds
+        share = [progs[i::concurrency] for i in range(concurrency)]
+        rss: list[tuple[float, float]] = []
+
+        async def sample_rss() -> None:
+            while time.perf_counter() < soak.until:
+                rss.append((time.perf_counter() - start, _rss_mb(pid)))
+                await asyncio.sleep(1.0)
+
+        await asyncio.gather(
+            *(soak.client(share[i]) for i in range(concurrency)),
+            soak.poll_health(),
+            soak.send_big(progs[0][1]),
+            sample_rss(),
+        )
+        wall = time.perf_counter() - start
+    warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
+    during = [d for at, d in soak.health if any(a <= at <= b for a, b in soak.big_windows)]
+    other = [d for at, d in soak.health if not any(a <= at <= b for a, b in soak.big_windows)]
+    return {
+        "requests": len(soak.lat),
+        "errors": sum(soak.errors.values()),
+        "errors_by_kind": soak.errors,
+        "resets": soak.resets,
+        "p50_ms": 1000 * statistics.median(soak.lat) if soak.lat else 0.0,
+        "p99_ms": 1000 * _pct(soak.lat, 0.99) if soak.lat else 0.0,
+        "req_per_s": len(soak.lat) / wall,
+        "rss_mb_after_warmup": warm[0],
+        "rss_mb_end": warm[-1],
+        "rss_growth": (warm[-1] - warm[0]) / warm[0] if warm[0] else 0.0,
+        "rss_mb_series": rss,
+        "health_p99_ms_during_big": 1000 * _pct(during, 0.99) if during else 0.0,
+        "health_p99_ms_other": 1000 * _pct(other, 0.99) if other else 0.0,
+        "health_samples_during_big": len(during),
+        "big_bodies_refused": soak.big_refused,
+        "big_bodies_sent": len(soak.big_windows),
+        "programs_registered": programs,
+        "programs_finished": soak.finished,
+        "register_s": register_s,
+        "seconds": wall,
+    }
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    seconds = 20.0 if quick else 90.0
+    programs, concurrency = (200, 64) if quick else (PROGRAMS, CONCURRENCY)
+    load_before = os.getloadavg()
+    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir) as (url, pid):
+        res = asyncio.run(_run(url, pid, seconds, programs, concurrency))
+    res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
+    res["concurrency"] = concurrency
+    summary = {
+        "requests": res["requests"],
+        "errors": res["errors"],
+        "resets": res["resets"],
+        "p50_ms": res["p50_ms"],
+        "p99_ms": res["p99_ms"],
+        "rss_growth": res["rss_growth"],
+        "health_p99_ms": res["health_p99_ms_during_big"],
+        "health_p99_ms_other": res["health_p99_ms_other"],
+        "load1": res["loadavg_after"][0],
+    }
+    return report("soak", summary, res)

@@ -1,0 +1,86 @@
+"""Bounded, strict request bodies: a size limit checked while reading, and strict JSON.
+
+The limit is enforced twice: a declared ``Content-Length`` over it is refused before a byte
+is read, and a chunked body is counted as it arrives, so a 10 MB upload costs the gateway
+at most the limit. The JSON is parsed by pydantic-core (jiter): invalid UTF-8, lone UTF-16
+surrogates (``"\\ud800"``), ``NaN``/``Infinity`` and nesting deeper than 200 levels are
+refused there as invalid JSON (400), where ``json.loads`` would accept them and let them
+crash whatever encodes the text later. It is also ~3x faster than ``json.loads``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pydantic_core
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rollyard.gateway.errors import error_response
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = pydantic_core.from_json(body, allow_inf_nan=False)
+            except ValueError as e:  # FastAPI turns this into a 400 json_invalid
+                raise json.JSONDecodeError(str(e)[:200], "", 0) from None
+        return self._json
+
+
+class StrictRoute(APIRoute):
+    """An ``APIRoute`` whose handlers parse bodies with ``StrictJSONRequest``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
+def _too_large(limit: int) -> str:
+    return f"request body is larger than the gateway's limit of {limit} bytes (--max-body-bytes)"
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over ``max_bytes`` with a 413 in the caller's dialect."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > limit:
+                    resp = error_response(scope["path"], 413, _too_large(limit), "request_too_large")
+                    resp.headers["connection"] = "close"  # the unread body makes the connection unusable
+                    await resp(scope, receive, send)
+                    return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise HTTPException(413, _too_large(limit))
+            return message
+
+        await self.app(scope, counted, send)

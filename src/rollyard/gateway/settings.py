@@ -1,0 +1,34 @@
+"""``GatewayLimits``: the gateway's protective knobs, shared by ``rollyard gateway`` flags and
+the ``gateway.limits`` section of a ``rollyard train`` config."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # a 200k-token agent conversation is ~1-2 MB of JSON
+
+
+class GatewayLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # /metrics is closed (admin token) unless opened: vLLM users expect it open behind their
+    # own network policy, but program keys must not read other programs' numbers by default.
+    open_metrics: bool = False
+    # A program whose requests failed error_budget times within error_window_s is refused
+    # (429) for error_cooldown_s; 0 turns the budget off.
+    error_budget: int = Field(default=20, ge=0)
+    error_window_s: float = Field(default=60.0, gt=0)
+    error_cooldown_s: float = Field(default=30.0, gt=0)
+    # An engine whose connection fails is held out for breaker_base_s, doubling per further
+    # failure up to breaker_max_s, until a call succeeds.
+    breaker_base_s: float = Field(default=1.0, gt=0)
+    breaker_max_s: float = Field(default=30.0, gt=0)
+    # Requests with more text than this are rendered (tokenized) in a worker thread, so the
+    # event loop (and /health) never waits on a multi-megabyte prompt.
+    offload_chars: int = Field(default=32_768, ge=0)
+    # Idle keep-alive connections are kept longer than clients keep theirs (httpx, aiohttp:
+    # 5 s), so the client always closes first and never reuses one the server is closing.
+    keep_alive_s: int = Field(default=65, ge=1)
+    # An engine call that sends nothing for this long fails (EngineUnavailable, retryable).
+    engine_timeout_s: float = Field(default=600.0, gt=0)

@@ -1,0 +1,28 @@
+"""``rollyard bench soak``'s load, shrunk, against the real app (scripted engine): keep-alive
+clients, multi-turn streaming and not, programs finished and replaced, 10 MB bodies refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from rollyard.bench.gateway import ADMIN
+from rollyard.bench.soak import _run
+from rollyard.gateway import FastTokenizer, build_gateway, create_app
+
+from .conftest import ScriptedBackend, serving
+
+
+def test_a_short_soak_has_no_errors_no_resets_and_frees_finished_programs(
+    tok: FastTokenizer, tmp_path: Path
+) -> None:
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    with serving(create_app(gw, poll_interval_s=0.2)) as url:
+        res = asyncio.run(_run(url, os.getpid(), seconds=6.0, programs=40, concurrency=16))
+    assert res["requests"] > 50, res
+    assert res["errors"] == 0 and res["resets"] == 0, res
+    assert res["big_bodies_sent"] >= 2 and res["big_bodies_refused"] == res["big_bodies_sent"], res
+    assert res["programs_finished"] >= 16
+    # Every finished program's in-memory state is gone; only those still mid-conversation remain.
+    assert len(gw.conversations) <= 16
