@@ -34,3 +34,11 @@ def report(name: str, summary: dict[str, Any], details: dict[str, Any] | None = 
     os.replace(tmp, path)
     print(f"{name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in summary.items()), flush=True)
     return doc
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load averages, quoted beside every figure (these machines are shared)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollyard.bench._report import report
+from rollyard.bench._report import loadavg, report
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.metrics import acceptance
@@ -170,13 +170,6 @@ def _run_engine(
     return greedy, runs
 
 
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def main(quick: bool = False) -> dict[str, Any]:
     k = 4
     levels = [16] if quick else [4, 16]
@@ -184,12 +177,12 @@ def main(quick: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = bench_model(sft_steps)
     prompts = _prompts(model, n_prompts)
-    load = [_loadavg()]
+    load = [loadavg()]
     res: dict[str, Any] = {}
     greedy: dict[str, list[list[int]]] = {}
     for method in METHODS:
         greedy[method], res[method] = _run_engine(model, method, k, prompts, levels, max_tokens)
-        load.append(_loadavg())
+        load.append(loadavg())
     top = max(levels)
 
     def accept(method: str, c: int = top) -> float:

@@ -38,23 +38,13 @@ from typing import Any
 import httpx
 
 from rollyard.bench._report import report
+from rollyard.bench.gateway import _engine
 from rollyard.core.net import free_port
 
 ADMIN = "bench-admin"
 PATHS = ("direct", "fifo", "thunder", "rollyard")
 TIMEOUT_S = float(os.environ.get("ROLLYARD_BENCH_TIMEOUT_S", 300))
 WORDS = ["module", "class", "import", "return", "value", "config", "parser", "buffer", "engine", "token"]
-
-
-@contextlib.contextmanager
-def _engine(kv_tokens: int) -> Iterator[tuple[str, Path]]:
-    from rollyard.engines.launcher import VLLMServer
-    from rollyard.engines.tiny_model import create_model
-
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
-        with VLLMServer(model_dir, kv_tokens=kv_tokens, max_model_len=2048, served_name="tiny") as server:
-            yield server.url, model_dir
 
 
 @contextlib.contextmanager

@@ -19,18 +19,14 @@ Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a runnin
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from rollyard.bench._report import RESULTS_DIR, report
+from rollyard.bench._report import RESULTS_DIR, loadavg, report
 from rollyard.bench._sim_live import run_live
-from rollyard.bench.gateway import _gateway
+from rollyard.bench.gateway import _engine, _gateway
 from rollyard.sched import make_policy, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
 from rollyard.sim.report import write_report
@@ -44,28 +40,6 @@ def ours() -> str:
     return next((n for n in PREFERRED if n in names), next((n for n in names if n != "fifo"), "fifo"))
 
 
-def _loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-@contextlib.contextmanager
-def _engine() -> Iterator[tuple[str, Path]]:
-    """The calibrated engine's configuration: tiny model, 16k KV tokens in 64-token blocks."""
-    url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
-    if url and model:
-        yield url, Path(model)
-        return
-    from rollyard.engines.launcher import VLLMServer
-    from rollyard.engines.tiny_model import create_model
-
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
-        with VLLMServer(
-            model_dir, kv_tokens=16384, max_model_len=2048, served_name="tiny", startup_timeout_s=900
-        ) as server:
-            yield server.url, model_dir
-
-
 def _err(sim: float, live: float) -> float:
     return abs(sim - live) / live if live else 0.0
 
@@ -76,16 +50,16 @@ def validate(policies: list[str], quick: bool) -> dict[str, Any]:
 
     w = load_workload("cpu-small", programs=16 if quick else None)
     out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump()}
-    with _engine() as (engine_url, model_dir):
+    with _engine(startup_timeout_s=900) as (engine_url, model_dir):
         path = RESULTS_DIR / "sim-cpu-tiny.yaml"
-        out["calibrate_loadavg"] = _loadavg()
+        out["calibrate_loadavg"] = loadavg()
         profile = calibrate(engine_url, name="cpu-tiny", path=path, quick=True)
         out["profile"] = profile.model_dump()
         for name in policies:
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
             with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
-                load = _loadavg()
+                load = loadavg()
                 live = run_live(gw_url, engine_url, w.plans())
             sim = Simulation(w, make_policy(name), profile, plans=live.plans).run().summary
             lv = live.summary()
@@ -104,7 +78,7 @@ def scale(quick: bool, policies: list[str]) -> dict[str, Any]:
     """The 64 x 2,000 ``swe`` run per policy; its report directory is ``bench/results/sim-64``."""
     w = load_workload("swe", programs=400 if quick else None, engines=16 if quick else None)
     profile = load_profile(w.profile)
-    out: dict[str, Any] = {"programs": w.programs, "engines": w.engines, "loadavg": _loadavg()}
+    out: dict[str, Any] = {"programs": w.programs, "engines": w.engines, "loadavg": loadavg()}
     results = []
     for name in policies:
         t0, c0 = time.perf_counter(), time.process_time()
