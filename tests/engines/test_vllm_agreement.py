@@ -14,11 +14,13 @@ from rollyard.engines import VLLMBackend, render_conversation, tool_call_regex
 pytestmark = pytest.mark.engine
 
 
-def _rescore(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
+def _rescore(
+    model_dir: Path, prompt: list[int], completion: list[int], temperature: float = 1.0
+) -> list[float]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        logp = torch.log_softmax(model(ids).logits[0].float() / temperature, dim=-1)
     n = len(prompt)
     return [float(logp[n - 1 + i, t]) for i, t in enumerate(completion)]
 
@@ -37,8 +39,9 @@ async def test_vllm_logprobs_match_a_transformers_forward(
         c = await backend.generate(prompt, SamplingParams(max_tokens=48, temperature=temperature, seed=11))
     finally:
         await backend.aclose()
-    ref = _rescore(tiny_model_dir, prompt, c.token_ids)
-    # vLLM reports the raw (pre-temperature) distribution's logprobs by default.
+    ref = _rescore(tiny_model_dir, prompt, c.token_ids, temperature)
+    # The session's engine runs as a run starts it (--logprobs-mode processed_logprobs): the
+    # logprobs are those of the distribution sampled from, the model's logits over the temperature.
     assert max(abs(a - b) for a, b in zip(c.logprobs, ref, strict=True)) < 1e-3
 
 
