@@ -55,3 +55,15 @@ async def test_async_discard_wakes_a_waiter_with_the_drop() -> None:
     await buf.complete("b")
     got = await asyncio.wait_for(waiter, 5)
     assert [r.item_id for r in got.items] == ["b"] and [d.item_id for d in got.dropped] == ["a"]
+
+
+async def test_a_stale_drop_returns_the_get_early_so_the_caller_can_replace_it() -> None:
+    # The trainer wants 2; one of the 2 completed items is too stale. Waiting on would deadlock
+    # a producer that only makes a replacement once it hears of the drop.
+    buf = AsyncBuffer(BufferConfig(window=4, max_staleness=0))
+    await buf.submit("old", policy_version=0)
+    await buf.submit("new", policy_version=1)
+    await buf.complete("old", policy_version=0)
+    await buf.complete("new", policy_version=1)
+    got = await asyncio.wait_for(buf.get(1, 2), 5)
+    assert [r.item_id for r in got.items] == ["new"] and [d.item_id for d in got.dropped] == ["old"]

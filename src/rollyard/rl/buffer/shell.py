@@ -46,7 +46,9 @@ class AsyncBuffer:
             self._cond.notify_all()
 
     async def get(self, trainer_version: int, units: int, timeout: float | None = None) -> Release:
-        """Wait until ``units`` units are released (fewer on timeout or close)."""
+        """Wait until ``units`` units are released (fewer on timeout or close, or as soon as a unit
+        is dropped: the caller must hear of a drop to produce its replacement, or it would wait
+        forever for units that nobody is making)."""
         items: list[Released] = []
         dropped: list[Released] = []
         taken = 0
@@ -59,7 +61,7 @@ class AsyncBuffer:
                     items.extend(got.items)
                     dropped.extend(got.dropped)
                     taken += _units_in(got.items, self.core.config.group_whole)
-                    if taken >= units or self._closed:
+                    if taken >= units or self._closed or dropped:
                         return
                     await self._cond.wait()
 
