@@ -68,9 +68,10 @@ def test_port_in_use_is_a_clear_start_error(tiny_model_dir: Path) -> None:
 
 
 def test_engine_that_cannot_start_reports_its_log(tmp_path: Path, tiny_model_dir: Path) -> None:
-    # A config vLLM rejects: the launcher must fail fast with the log tail, not hang.
+    # A config vLLM rejects (the launcher itself checks the context length, so: a bad dtype):
+    # the launcher must fail fast with the log tail, not hang.
     server = VLLMServer(
-        tiny_model_dir, max_model_len=100_000, log_path=tmp_path / "bad.log", startup_timeout_s=120
+        tiny_model_dir, dtype="not-a-dtype", log_path=tmp_path / "bad.log", startup_timeout_s=120
     )
     with pytest.raises(EngineStartError, match="exited"):
         server.start()

@@ -103,7 +103,7 @@ def test_pauses_and_restores_happen_and_no_turn_is_lost_or_reordered(gateway_url
         return await asyncio.gather(*(agent(gateway_url, n) for n in range(PROGRAMS)))
 
     ids = asyncio.run(asyncio.wait_for(run_all(), 600))
-    text = httpx.get(f"{gateway_url}/metrics").text
+    text = httpx.get(f"{gateway_url}/metrics", headers={"x-api-key": ADMIN}).text  # closed by default
     assert metric(text, "rollyard_sched_pauses_total") >= 1, text
     assert metric(text, "rollyard_sched_restores_total") >= 1
     assert metric(text, "rollyard_sched_hold_seconds_count") >= 1

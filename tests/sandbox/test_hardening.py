@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -31,13 +30,6 @@ def zombies_of(parent: int) -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,comm="], capture_output=True, text=True).stdout
     rows = [line.split() for line in out.splitlines()]
     return [" ".join(r) for r in rows if r[2].startswith("Z") and int(r[1]) == parent]
-
-
-def is_subreaper() -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    flag = ctypes.c_int(0)
-    assert libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0  # PR_GET_CHILD_SUBREAPER
-    return flag.value == 1
 
 
 async def test_many_files_cannot_exceed_the_sandbox_disk_quota(provider: BwrapProvider) -> None:
@@ -96,8 +88,9 @@ async def test_foreign_abi_syscall_numbers_are_refused(provider: BwrapProvider) 
 
 
 async def test_exited_and_killed_commands_leave_no_zombies(provider: BwrapProvider) -> None:
-    """Orphaned sandbox processes come to this process (a subreaper, not a non-reaping init)
-    and are reaped here: none is left as a zombie, whether its command exited or was killed."""
+    """This process holds no zombie of a sandbox, whether its command exited or was killed.
+    (Orphans of bwrap go to the host's init; on hosts whose init does not reap they linger there:
+    becoming a child subreaper fixed that but made every orphaned vLLM process a zombie of ours.)"""
     sb = await provider.create(SandboxSpec())
     try:
         for _ in range(5):
@@ -105,5 +98,4 @@ async def test_exited_and_killed_commands_leave_no_zombies(provider: BwrapProvid
         assert (await sb.exec("sleep 30", timeout=0.5)).timed_out
     finally:
         await sb.close()
-    assert is_subreaper()
     assert zombies_of(os.getpid()) == []

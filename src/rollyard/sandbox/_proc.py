@@ -54,22 +54,6 @@ async def wait_gone(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Adopt orphaned descendants (``prctl(PR_SET_CHILD_SUBREAPER)``), so ``reap`` can collect them.
-
-    Why: each bwrap run forks the sandbox's pid 1, which outlives bwrap by a moment and is then
-    reparented. On hosts whose init does not reap (a container whose pid 1 is not an init), those
-    exits would pile up as zombies; adopted by this process, they are reaped by pid.
-    """
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-
-
 def reap(pid: int) -> None:
     """Collect ``pid``'s exit status if it is (now) our child and has exited; else nothing."""
     with contextlib.suppress(ChildProcessError, OSError):

@@ -35,7 +35,7 @@ from rollyard.sandbox import _fs
 from rollyard.sandbox._cgroup import Cgroups
 from rollyard.sandbox._etc import build_etc
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
-from rollyard.sandbox._proc import become_subreaper, confine, dash_confine, reap, run_capped, wait_gone
+from rollyard.sandbox._proc import confine, dash_confine, reap, run_capped, wait_gone
 from rollyard.sandbox._quota import mount_quota
 from rollyard.sandbox._seccomp import write_filter
 from rollyard.sandbox._uids import (
@@ -170,7 +170,7 @@ class BwrapSandbox(HostWorkspace):
             log.warning("sandbox=%s pid namespace of pid %d still alive after 2 s", self.id, child)
             self._killed = True  # let close() sweep
         elif isinstance(child, int):
-            reap(child)  # orphaned when bwrap exited: adopted by us (become_subreaper), not a zombie
+            reap(child)  # collected here if it is our child; else its (init) parent's to reap
 
     def _settle(self, wait_s: float = 2.0, *, force: bool = False) -> None:
         """After a kill, wait until the killed pid namespace is really gone (the kernel tears it
@@ -256,8 +256,6 @@ class BwrapProvider:
             self._cgroups = Cgroups() if cgroups else None
         else:
             log.info("not root: sandboxes run as uid %d; process limits are per host user", os.getuid())
-        if not become_subreaper():
-            log.warning("cannot become a child subreaper: exited sandboxes may linger as zombies")
         self.collect_stale()
 
     def _base_argv(self) -> list[str]:
