@@ -12,7 +12,7 @@ import asyncio
 import logging
 import statistics
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
@@ -30,6 +30,7 @@ from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_eva
 from rollyard.rollout.rewarding import reward_context
 from rollyard.rollout.services import Services
 from rollyard.rollout.stats import TERMS, event_counts
+from rollyard.sandbox.base import Sandbox
 from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
@@ -83,15 +84,7 @@ class LocalRunner:
         self.prepare(task, agent)
         sb = await self.svc.pool.acquire(task.id, program.id)
         try:
-            return await act_and_evaluate(
-                task,
-                sb,
-                self.svc.provider,
-                base_url=base_url,
-                api_key=program.api_key,
-                agent=agent,
-                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
-            )
+            return await self._act(task, sb, program, base_url, agent)
         except BaseException:  # no program.finish follows: free it here
             await self.svc.pool.release(program.id)
             raise
@@ -112,17 +105,36 @@ class LocalRunner:
         events: list[Event] = []
         clock = self.svc.gateway.gateway.clock
         async with env.sandbox(task, program, spec, events, clock.now()) as (sb, monitor):
-            return await act_and_evaluate(
+            return await self._act(
                 task,
                 sb,
-                self.svc.provider,
-                base_url=base_url,
-                api_key=program.api_key,
-                agent=agent,
-                timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
+                program,
+                base_url,
+                agent,
                 events=events,
                 after_agent=lambda box: access_events(monitor, box, clock.now()),
             )
+
+    async def _act(
+        self,
+        task: Task,
+        sb: Sandbox,
+        program: Program,
+        base_url: str,
+        agent: AgentConfig | BlackBoxRunner,
+        **extra: Any,
+    ) -> EpisodeResult:
+        """The agent's episode in ``sb``, then the task's evaluation (one call for both sandbox kinds)."""
+        return await act_and_evaluate(
+            task,
+            sb,
+            self.svc.provider,
+            base_url=base_url,
+            api_key=program.api_key,
+            agent=agent,
+            timeout_s=min(self.timeout_s, task.spec.timeouts.agent_s),
+            **extra,
+        )
 
 
 async def run_program(
