@@ -82,15 +82,18 @@ async def test_train_runs_under_the_rollyard_policy_with_pauses_restores_and_san
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     """``gateway.policy: rollyard`` in a train config: a large decode buffer makes the engine's
-    real KV capacity (from vLLM's cache_config_info) hold only two programs, so others wait,
-    the 2 s hold bound forces them in, and the over-full engine pauses and later restores
-    programs. Every program still finishes; sandboxes go on the gateway's terminate hook, and
-    a program that waits for a slot (3 at once) finds one prepared ahead (``sandbox.ahead``)."""
+    real KV capacity (from vLLM's cache_config_info) hold only two programs, so the third
+    waits; a hold bound shorter than any program (and a tick to match) forces it in at the
+    next tick whatever the machine's speed, and the over-full engine pauses a program, which
+    is restored later. Every program still finishes; sandboxes go on the gateway's terminate
+    hook, and a program that waits for a slot (3 at once) finds one prepared ahead
+    (``sandbox.ahead``)."""
     cfg = make_config(
         **{
             "run.steps": 1,
             "gateway.policy": "rollyard",
-            "gateway.scheduling.options": {"buffer_tokens": 6000, "max_hold_s": 2},
+            "gateway.scheduling.tick_s": 0.05,
+            "gateway.scheduling.options": {"buffer_tokens": 6000, "max_hold_s": 0.1},
             "sandbox.ahead": 1,
             "run.max_programs": 3,
         }

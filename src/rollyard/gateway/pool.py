@@ -39,7 +39,8 @@ class EnginePool:
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
         self._hooks: list[Callable[[Pause | Restore], None]] = []
-        self.counts: Counter[str] = Counter()  # pauses, restores, moves: for the run's step rows
+        # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
+        self.counts: Counter[str] = Counter(pauses=0, restores=0, moves=0)
         for name in self.backends:
             scheduler.add_engine(name, capacity)
             metrics.engine_up.labels(name).set(1)
