@@ -109,3 +109,36 @@ def test_health_models_and_metrics_answer(client: TestClient, engine: ScriptedBa
     text = client.get("/metrics", headers={"x-api-key": ADMIN}).text
     assert 'rollyard_gateway_requests_total{api="openai_chat",outcome="ok"} 1.0' in text
     assert 'rollyard_gateway_programs{state="active"} 1.0' in text
+
+
+def test_a_refused_call_is_an_event_of_its_program_and_a_looping_client_is_bounded(
+    client: TestClient,
+) -> None:
+    """A program whose calls all fail still has a trajectory that says why (issue: "the
+    trajectory of a program whose every call failed is empty"); a client retrying the same
+    bad call forever adds at most ``MAX_ERROR_EVENTS`` events."""
+    from rollyard.gateway.errors import MAX_ERROR_EVENTS
+
+    from .conftest import trajectory
+
+    prog = new_program(client)
+    key, pid = str(prog["api_key"]), str(prog["id"])
+    assert post(client, CHAT, key, {"messages": [{"role": "wizard", "content": "x"}]})[0] == 400
+    headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    r = client.post(CHAT, content=b"{nope", headers=headers)
+    assert r.status_code == 400
+    assert post(client, MSGS, key, {"max_tokens": 0, "messages": []})[0] == 400
+    events = [e for e in trajectory(client, pid)["events"] if e["kind"] == "request_error"]
+    assert [(e["data"]["status"], e["data"]["path"]) for e in events] == [
+        (400, CHAT),
+        (400, CHAT),
+        (400, MSGS),
+    ]
+    assert events[1]["data"]["code"] == "invalid_json" and events[1]["data"]["body_bytes"] == 5
+    assert "role" in events[0]["data"]["message"]
+    other = new_program(client)  # another program's log is its own
+    assert not [e for e in trajectory(client, str(other["id"]))["events"] if e["kind"] == "request_error"]
+    for _ in range(MAX_ERROR_EVENTS + 5):
+        post(client, CHAT, key, {"messages": []})
+    events = [e for e in trajectory(client, pid)["events"] if e["kind"] == "request_error"]
+    assert len(events) == MAX_ERROR_EVENTS

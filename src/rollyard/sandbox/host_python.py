@@ -27,7 +27,7 @@ class HostPython(BaseModel):
     env: dict[str, str]
 
 
-def _searchable(path: Path) -> bool:
+def searchable(path: Path) -> bool:
     """Whether an unprivileged uid can reach ``path`` (every ancestor has o+x)."""
     try:
         return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents])
@@ -42,7 +42,7 @@ def host_python(*, isolated: bool) -> HostPython:
     if not isolated:
         return HostPython(ro_binds=[], env={**base_env, "PATH": f"{bin_dir}:{SYSTEM_PATH}"})
     prefixes = sorted({Path(sys.prefix), Path(sys.base_prefix)})
-    if all(_searchable(p) for p in prefixes):
+    if all(searchable(p) for p in prefixes):
         binds = [(p, p) for p in prefixes if p != Path("/")]
         return HostPython(ro_binds=binds, env={**base_env, "PATH": f"{bin_dir}:{SYSTEM_PATH}"})
     paths = sysconfig.get_paths()

@@ -1,8 +1,10 @@
 """Runner profiles: how to point one family of CLI agents at its program, as YAML data.
 
 Templates use ``{base_url}`` (``http://127.0.0.1:PORT/v1``), ``{origin}`` (without ``/v1``),
-``{api_key}``, ``{model}``, ``{task}``, ``{task_file}``, ``{agent_dir}`` and ``{examples}`` (the
-shipped example agents). Any other ``{...}`` is left as written, so JSON config templates work.
+``{api_key}``, ``{model}``, ``{task}``, ``{task_file}``, ``{agent_dir}``, ``{examples}`` (the
+shipped example agents) and ``{install}`` (where the profile's ``install`` CLI lives: its
+``--target`` site directory or npm prefix). Any other ``{...}`` is left as written, so JSON
+config templates work.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rollyard.core.errors import ConfigError
 
-_VARS = ("base_url", "origin", "api_key", "model", "task", "task_file", "agent_dir", "examples")
+_VARS = ("base_url", "origin", "api_key", "model", "task", "task_file", "agent_dir", "examples", "install")
 _GLOB = re.compile(r"^[A-Za-z0-9_.*?/\[\]-]+$")  # no spaces or shell metacharacters
 _TEMPLATE = re.compile(r"\{(" + "|".join(_VARS) + r")\}")
 AGENT_DIR = ".rollyard_agent"
@@ -47,6 +49,7 @@ class RunnerProfile(BaseModel):
     output_file: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
     hygiene: list[str] = Field(default_factory=list)  # globs removed after the run
+    install: str | None = None  # a CLI of `rollyard agents install` the command runs
 
     @field_validator("files", "hygiene", mode="after")
     @classmethod
@@ -62,6 +65,11 @@ class RunnerProfile(BaseModel):
             raise ValueError("output: file needs output_file")
         if self.task_input is TaskInput.ARG and not any("{task}" in c for c in self.command):
             raise ValueError("task_input: arg needs {task} in the command")
+        if self.install is not None:
+            from rollyard.agents.install import CLIS
+
+            if self.install not in CLIS:
+                raise ValueError(f"install: unknown agent CLI {self.install!r}; one of: {', '.join(CLIS)}")
         return self
 
 
@@ -76,7 +84,7 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str | Path) -> RunnerProfile:
-    """A shipped profile by name (``openai``, ``anthropic``, ``litellm``) or a YAML file path."""
+    """A shipped profile by name (``openai``, ``claude-code``, ...) or a YAML file path."""
     path = Path(name_or_path)
     if not path.is_file():
         shipped = resources.files("rollyard.agents") / "profiles" / f"{name_or_path}.yaml"

@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict
 from rollyard.core.errors import ConfigError, SandboxError
 from rollyard.core.net import free_port
 from rollyard.sandbox.base import Sandbox, SandboxSpec
-from rollyard.sandbox.host_python import host_python
+from rollyard.sandbox.host_python import SYSTEM_PATH, host_python, searchable
 
+from ..install import require
 from . import forwarder
 from .profile import AGENT_DIR, OutputSource, RunnerProfile, TaskInput, render
 
@@ -50,10 +51,23 @@ class BlackBoxRunner:
         self.isolated = isolated
 
     def spec(self, base: SandboxSpec | None = None) -> SandboxSpec:
-        """``base`` plus the socket dir (read-write), the forwarder, examples and Python (read-only)."""
+        """``base`` plus the socket dir (read-write), the forwarder, examples, Python and the
+        profile's installed CLI (read-only)."""
         base = base or SandboxSpec()
         py = host_python(isolated=self.isolated)
-        binds, env = py.ro_binds, {**py.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        binds, env = list(py.ro_binds), {**py.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        if self.profile.install is not None:
+            cli = require(self.profile.install)
+            if self.isolated and not searchable(cli.dir):
+                raise ConfigError(
+                    f"{cli.dir} is not reachable by the sandbox's user (a parent directory is "
+                    "private); set ROLLYARD_CACHE to a directory others can traverse and reinstall"
+                )
+            binds.append((cli.dir, cli.dir))
+            if cli.source == "pypi":  # its packages first, this environment's after
+                env["PYTHONPATH"] = ":".join(filter(None, [str(cli.site), env.get("PYTHONPATH")]))
+            else:
+                env["PATH"] = f"{cli.site / 'node_modules' / '.bin'}:{env.get('PATH', SYSTEM_PATH)}"
         if not self.isolated:
             return base.model_copy(update={"env": {**base.env, **env}})
         ro = [*base.ro_binds, *binds, (FORWARDER.parent, FORWARDER.parent), (EXAMPLES_DIR, EXAMPLES_DIR)]
@@ -92,6 +106,7 @@ class BlackBoxRunner:
             "task_file": f"{AGENT_DIR}/task.txt",
             "agent_dir": AGENT_DIR,
             "examples": str(EXAMPLES_DIR),
+            "install": str(require(p.install).site) if p.install else "",
         }
         await sandbox.write(f"{AGENT_DIR}/task.txt", task)
         for rel, template in p.files.items():
