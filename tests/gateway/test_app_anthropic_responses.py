@@ -115,3 +115,21 @@ def test_responses_previous_response_id_continues_the_conversation(
     api.responses.create(model="tiny", input="and then?", previous_response_id=r1.id)
     p1, c1, p2 = engine.prompts[0], engine.returned[0], engine.prompts[1]
     assert p2[: len(p1) + len(c1)] == p1 + c1
+
+
+def test_the_base_urls_a_new_program_gets_work_as_given_in_each_sdk(client: TestClient) -> None:
+    """``POST /programs`` answers each API's base URL: pasted as-is into the OpenAI and the
+    Anthropic SDK (which add different suffixes), both reach the program's model."""
+    prog = new_program(client)
+    urls = prog["base_urls"]
+    assert urls == {"openai": "http://testserver/v1", "anthropic": "http://testserver"}
+    key = str(prog["api_key"])
+    oa = openai.OpenAI(base_url=urls["openai"], api_key=key, http_client=client, max_retries=0)
+    chat = oa.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert chat.choices[0].message is not None
+    an = anthropic.Anthropic(base_url=urls["anthropic"], api_key=key, http_client=client, max_retries=0)
+    msg = an.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert msg.content is not None and msg.usage.output_tokens > 0
+    assert trajectory(client, str(prog["id"]))["segments"]  # both calls were the program's

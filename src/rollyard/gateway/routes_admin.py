@@ -42,12 +42,17 @@ class FinishProgram(BaseModel):
 
 @router.post("/programs", status_code=201)
 async def create_program(body: CreateProgram, request: Request) -> dict[str, Any]:
-    """Create a program; the answer is the only place its API key is ever shown."""
+    """Create a program; the answer is the only place its API key is ever shown. ``base_urls``
+    are what each API's client takes as its base URL (OpenAI SDKs and litellm: ``.../v1``;
+    Anthropic SDKs and Claude Code: the origin, they add ``/v1`` themselves), as reached by
+    this request: a client elsewhere uses its own address of the gateway."""
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
     fields = body.model_dump(exclude_none=True)
     program = gw.programs.create(Program(**fields))
-    return {**program.public(), "api_key": program.api_key}
+    origin = str(request.base_url).rstrip("/")
+    urls = {"openai": f"{origin}/v1", "anthropic": origin}
+    return {**program.public(), "api_key": program.api_key, "base_urls": urls}
 
 
 @router.get("/programs")
