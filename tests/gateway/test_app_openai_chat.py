@@ -220,3 +220,29 @@ def test_answer_says_how_long_the_engine_took_in_server_timing(client: TestClien
     timing = r.headers["server-timing"]
     parts = dict(p.strip().split(";dur=") for p in timing.split(","))
     assert set(parts) == {"engine", "gateway"} and all(float(v) >= 0 for v in parts.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_logprobs_are_the_recorded_ones_when_asked(client: TestClient, stream: bool) -> None:
+    """``logprobs: true`` returns one entry per completion token: the journal's own logprob of
+    the sampled token and the token's text (so a client can sum exactly what training sees,
+    end-of-turn token included); not asked, ``logprobs`` stays null."""
+    prog = new_program(client)
+    oa = sdk(client, str(prog["api_key"]))
+    msgs = [{"role": "user", "content": "hi"}]
+    if stream:
+        chunks = list(oa.chat.completions.create(model="tiny", messages=msgs, logprobs=True, stream=True))
+        got = [
+            c for ch in chunks for choice in ch.choices if choice.logprobs for c in choice.logprobs.content
+        ]
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    else:
+        r = oa.chat.completions.create(model="tiny", messages=msgs, logprobs=True)
+        got, text = r.choices[0].logprobs.content, r.choices[0].message.content or ""
+    turn = Trajectory.model_validate(trajectory(client, str(prog["id"]))).turns[-1]
+    assert [c.logprob for c in got] == pytest.approx(turn.completion_logprobs)
+    assert len(got) == len(turn.completion_ids) > 0
+    joined = "".join(c.token for c in got)  # every recorded token, the end-of-turn one included
+    assert joined.startswith(text) and joined[len(text) :] in ("", "<|im_end|>")
+    plain = oa.chat.completions.create(model="tiny", messages=msgs)
+    assert plain.choices[0].logprobs is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,9 @@ from rollyard.rollout.report import make_report
 from rollyard.rollout.rundir import RunDir
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+AGENT_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "rollyard"
 
 
 async def test_two_steps_publish_weights_and_later_turns_carry_the_new_version(
@@ -76,6 +80,67 @@ async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
     served = re.search(r"gateway up url=\S+ socket=(\S+)", caplog.text)
     assert served and served.group(1) != "None"
     assert not Path(served.group(1)).parent.exists()  # the socket's dir went with the gateway
+
+
+async def test_mini_swe_agent_trains_unmodified_in_its_sandbox(
+    tmp_path: Path, make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real third-party CLI (mini-SWE-agent, installed once by `rollyard agents install`)
+    as every program of a training step: its calls are recorded token-exact, the hidden tests
+    score the workspace, the trainer steps and publishes."""
+    from rollyard.agents.install import install
+
+    monkeypatch.setenv("ROLLYARD_CACHE", os.environ.get("ROLLYARD_CACHE", str(AGENT_CACHE)))
+    install("mini-swe-agent")
+    cfg = make_config(**{"agent.kind": "blackbox", "agent.profile": "mini-swe-agent", "run.steps": 1})
+    run = RunDir(tmp_path / "run")
+    last = await train(cfg, run)
+    assert last["policy_version"] == 1
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
+    assert all(t.num_turns >= 1 and t.outcome is not None for t in trajs), [t.status for t in trajs]
+    for t in trajs:
+        assert t.outcome.details.get("agent_status") in ("exited", "agent_error"), t.outcome.details
+        for seg in t.segments:
+            for a, b in zip(seg.turns, seg.turns[1:], strict=False):
+                n = len(a.prompt_ids) + len(a.completion_ids)
+                assert b.prompt_ids[:n] == a.prompt_ids + a.completion_ids
+    # mini-SWE-agent's own system prompt (~1.3k tokens) opens every program's first turn
+    assert all(len(t.segments[0].turns[0].prompt_ids) > 1000 for t in trajs)
+
+
+async def test_codex_trains_unmodified_on_an_engine_with_room_for_its_prompt(
+    tmp_path: Path, make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Codex CLI (npm, Responses API only) as every program of a step. Its ~10.5k-token
+    system prompt needs an engine of its own with a longer context than the session's; the
+    prompt is the same for every program, so after the first the prefix cache serves it. A
+    random model's turn ends at the program's token cap, which Codex reports as incomplete and
+    exits non-zero: the turn is recorded and trained all the same."""
+    from rollyard.agents.install import install
+
+    monkeypatch.setenv("ROLLYARD_CACHE", os.environ.get("ROLLYARD_CACHE", str(AGENT_CACHE)))
+    install("codex")
+    cfg = make_config(
+        **{
+            "engine.urls": [],
+            "engine.max_model_len": 16384,
+            "engine.kv_tokens": 65536,
+            "engine.startup_timeout_s": 900,  # a second engine beside the session's, on 2 cores
+            "agent.kind": "blackbox",
+            "agent.profile": "codex",
+            "run.steps": 1,
+        }
+    )
+    run = RunDir(tmp_path / "run")
+    last = await train(cfg, run)
+    assert last["policy_version"] == 1
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
+    for t in trajs:
+        assert t.num_turns >= 1 and t.outcome is not None, t.status
+        first = t.segments[0].turns[0]
+        assert len(first.prompt_ids) > 8000 and len(first.completion_ids) == len(first.completion_logprobs)
 
 
 async def test_train_runs_under_the_rollyard_policy_with_pauses_restores_and_sandbox_hooks(

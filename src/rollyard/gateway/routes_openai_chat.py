@@ -22,6 +22,7 @@ from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, to
 from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
 router = APIRouter(route_class=StrictRoute)
@@ -101,7 +102,18 @@ def _usage(r: ChatResult) -> dict[str, Any]:
     }
 
 
-def to_body(r: ChatResult) -> dict[str, Any]:
+def _logprobs(r: ChatResult, tok: Tokenizer) -> dict[str, Any]:
+    """OpenAI's ``choice.logprobs`` from the recorded ids and logprobs (the sampled tokens'
+    own; ``top_logprobs`` alternatives are not asked of the engine, so each list is empty)."""
+    content = []
+    for i, lp in zip(r.completion_ids, r.completion_logprobs, strict=False):
+        text = tok.decode([i])
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
+    return {"content": content, "refusal": None}
+
+
+def to_body(r: ChatResult, logprobs: Tokenizer | None = None) -> dict[str, Any]:
+    """``logprobs``: the tokenizer, when the client asked for them."""
     msg: dict[str, Any] = {"role": "assistant", "content": r.message.content or None}
     if r.message.tool_calls:
         msg["tool_calls"] = _calls(r)
@@ -112,13 +124,23 @@ def to_body(r: ChatResult) -> dict[str, Any]:
         "object": "chat.completion",
         "created": r.created,
         "model": r.model,
-        "choices": [{"index": 0, "message": msg, "finish_reason": r.stop_kind, "logprobs": None}],
+        "choices": [
+            {
+                "index": 0,
+                "message": msg,
+                "finish_reason": r.stop_kind,
+                "logprobs": _logprobs(r, logprobs) if logprobs else None,
+            }
+        ],
         "usage": _usage(r),
     }
 
 
 async def _frames(
-    items: AsyncIterator[TextDelta | ChatResult], model: str, include_usage: bool
+    items: AsyncIterator[TextDelta | ChatResult],
+    model: str,
+    include_usage: bool,
+    logprobs: Tokenizer | None = None,
 ) -> AsyncIterator[str]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
@@ -146,6 +168,10 @@ async def _frames(
             yield event(chunk({"content": rest}))
         for i, c in enumerate(_calls(r)):
             yield event(chunk({"tool_calls": [{"index": i, **c}]}))
+        if logprobs:  # the whole completion's, once its ids are known (clients concatenate)
+            frame = chunk({})
+            frame["choices"][0]["logprobs"] = _logprobs(r, logprobs)
+            yield event(frame)
         yield event(chunk({}, r.stop_kind))
         if include_usage:
             yield event({**chunk({}), "choices": [], "usage": _usage(r)})
@@ -159,9 +185,11 @@ async def chat_completions(
     """OpenAI Chat Completions; streamed when ``stream`` is true."""
     gw = gateway(request)
     req = to_request(body)
+    tok = gw.renderer.tok if body.logprobs else None
     if not req.stream:
         result = await gw.chat(program, req)
-        return FastJSONResponse(to_body(result), headers=result.timing_headers())
+        return FastJSONResponse(to_body(result, tok), headers=result.timing_headers())
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
-    return sse_response(request.url.path, _frames(items, req.model or gw.model_name, include_usage), False)
+    frames = _frames(items, req.model or gw.model_name, include_usage, tok)
+    return sse_response(request.url.path, frames, False)

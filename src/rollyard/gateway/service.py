@@ -371,6 +371,7 @@ class Gateway:
             completion_tokens=len(completion.token_ids),
             cached_tokens=completion.cached_prompt_tokens or 0,
             completion_ids=completion.token_ids,
+            completion_logprobs=completion.logprobs,
             malformed_tool_call=malformed,
             request_id=response_id,
             created=int(time.time()),

@@ -137,6 +137,7 @@ class ChatResult:
     created: int = 0
     model: str = ""
     completion_ids: list[int] = field(default_factory=list)
+    completion_logprobs: list[float] = field(default_factory=list)  # of the sampled tokens
     engine_s: float = 0.0  # time in the engine call
     gateway_s: float = 0.0  # time in the gateway outside it (lock, render, queue, record)
 

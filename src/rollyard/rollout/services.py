@@ -302,7 +302,9 @@ def program_agent(cfg: Config, gateway: GatewayServer) -> AgentConfig | BlackBox
     if gateway.socket_path is None or cfg.agent.profile is None:
         raise ConfigError("a blackbox agent needs agent.profile and the gateway's unix socket")
     isolated = cfg.sandbox.provider == "bwrap"
-    return BlackBoxRunner(load_profile(cfg.agent.profile), gateway.socket_path, isolated=isolated)
+    runner = BlackBoxRunner(load_profile(cfg.agent.profile), gateway.socket_path, isolated=isolated)
+    runner.spec()  # fails now, not in every program, if the profile's CLI is not installed
+    return runner
 
 
 @dataclass

@@ -1,0 +1,146 @@
+"""``rollyard bench agents``: real third-party agent CLIs as programs, N each, on the real engine.
+
+For each CLI of ``rollyard agents install`` (mini-SWE-agent, Codex, Claude Code), ``N``
+programs (``ROLLYARD_BENCH_AGENT_PROGRAMS``, default 20; ``--quick``: 4) run its shipped
+runner profile, unmodified, in bubblewrap sandboxes behind one `rollyard gateway` (unix socket)
+and one vLLM with room for the longest system prompt (40,960 tokens). Per CLI: its version and
+API, the size of its first prompt in tokens, exit codes over the programs, turns recorded per
+program, refused calls, wall time per program. This is the README's agent table; the figures
+are what the CLIs do against the model served (the random tiny model by default), not a
+speed claim. ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running engine
+(its context must fit the prompts). Every CLI is installed first (downloads on a first run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rollyard.bench._report import loadavg, report
+from rollyard.bench.gateway import ADMIN, _gateway
+from rollyard.sandbox.base import SandboxProvider
+
+TASK = "Create a file named hello.txt that contains the word hello, then stop."
+MAX_MODEL_LEN = 40960
+
+
+@contextlib.contextmanager
+def _long_engine() -> Iterator[tuple[str, Path]]:
+    url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
+    if url and model:
+        yield url, Path(model)
+        return
+    from rollyard.engines.launcher import VLLMServer
+    from rollyard.engines.tiny_model import create_model
+
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
+        with VLLMServer(
+            model_dir,
+            kv_tokens=4 * MAX_MODEL_LEN,
+            max_model_len=MAX_MODEL_LEN,
+            served_name="tiny",
+            startup_timeout_s=900.0,
+        ) as server:
+            yield server.url, model_dir
+
+
+async def _one(name: str, url: str, sock: Path, max_tokens: int, provider: SandboxProvider) -> dict[str, Any]:
+    from rollyard.agents.blackbox import BlackBoxRunner, load_profile
+    from rollyard.core.trajectory import Trajectory
+
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    body = {"group_id": f"bench-{name}", "sampling": {"temperature": 1.0, "max_tokens": max_tokens}}
+    async with httpx.AsyncClient(timeout=60) as c:
+        prog = (await c.post(f"{url}/programs", json=body, headers=headers)).json()
+    runner = BlackBoxRunner(load_profile(name), sock)
+    sb = await provider.create(runner.spec())
+    t0 = time.perf_counter()
+    try:
+        res = await runner.run(sb, task=TASK, api_key=prog["api_key"], model="tiny")
+    finally:
+        await sb.close()
+    wall = time.perf_counter() - t0
+    async with httpx.AsyncClient(timeout=60) as c:
+        r = await c.get(f"{url}/programs/{prog['id']}/trajectory", headers=headers)
+    traj = Trajectory.model_validate(r.json())
+    refused = [e.data for e in traj.events if e.kind == "request_error"]
+    first = traj.turns[0].prompt_ids if traj.num_turns else None
+    return {
+        "rc": res.rc,
+        "timed_out": res.timed_out,
+        "turns": traj.num_turns,
+        "prompt_tokens": len(first) if first else None,
+        "refused": len(refused),
+        "refused_codes": sorted({e["code"] for e in refused}),
+        "wall_s": wall,
+        "stderr_tail": res.stderr[-300:],
+    }
+
+
+async def _cli(name: str, url: str, sock: Path, n: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
+    from rollyard.sandbox.bwrap import BwrapProvider
+
+    gate, provider = asyncio.Semaphore(concurrency), BwrapProvider()
+
+    async def go() -> dict[str, Any]:
+        async with gate:
+            return await _one(name, url, sock, max_tokens, provider)
+
+    runs = await asyncio.gather(*(go() for _ in range(n)))
+    prompts = [r["prompt_tokens"] for r in runs if r["prompt_tokens"]]
+    return {
+        "programs": n,
+        "exit_codes": dict(sorted(Counter(str(r["rc"]) for r in runs).items())),
+        "exit0": sum(r["rc"] == 0 for r in runs),
+        "turns_median": statistics.median(r["turns"] for r in runs),
+        "turns_max": max(r["turns"] for r in runs),
+        "prompt_tokens": statistics.median(prompts) if prompts else None,
+        "refused_calls": sum(r["refused"] for r in runs),
+        "wall_s_median": statistics.median(r["wall_s"] for r in runs),
+        "runs": runs,
+    }
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    from rollyard.agents.install import CLIS, install
+
+    n = 4 if quick else int(os.environ.get("ROLLYARD_BENCH_AGENT_PROGRAMS", 20))
+    concurrency, max_tokens = 4, int(os.environ.get("ROLLYARD_BENCH_AGENT_MAX_TOKENS", 64))
+    for name in CLIS:
+        install(name)
+    out: dict[str, Any] = {"task": TASK, "max_tokens": max_tokens, "concurrency": concurrency}
+    with _long_engine() as (engine_url, model_dir), tempfile.TemporaryDirectory(dir="/tmp") as d:
+        os.chmod(d, 0o755)
+        sock = Path(d) / "gw.sock"
+        with _gateway(engine_url, model_dir, ["--uds", str(sock)]) as (url, _):
+            for _ in range(300):
+                if sock.exists():
+                    break
+                time.sleep(0.1)
+            for name, cli in CLIS.items():
+                load = loadavg()
+                res = asyncio.run(_cli(name, url, sock, n, concurrency, max_tokens))
+                out[name] = {"version": cli.version, "api": cli.api, "loadavg": load, **res}
+                print(
+                    f"agents {name}: exit0={res['exit0']}/{n} codes={res['exit_codes']} "
+                    f"turns_median={res['turns_median']} prompt_tokens={res['prompt_tokens']}",
+                    flush=True,
+                )
+    summary: dict[str, Any] = {}
+    for name in CLIS:
+        key = name.replace("-", "_")
+        summary[f"{key}_exit0"] = f"{out[name]['exit0']}/{n}"
+        summary[f"{key}_turns"] = out[name]["turns_median"]
+        summary[f"{key}_prompt"] = out[name]["prompt_tokens"]
+    return report("agents", summary, out)
