@@ -84,3 +84,17 @@ def test_dropped_reasoning_extends_with_the_reasoning_ids_but_changed_reasoning_
     assert dropped.extends and dropped.prompt_ids[: len(head)] == head  # the engine still sees "plan"
     assert kept.extends and kept.prompt_ids == dropped.prompt_ids
     assert not changed.extends and changed.rewrite_reason == "assistant_message_edited"
+
+
+def test_a_history_without_the_returned_reply_is_a_rewrite_that_says_so(tok) -> None:
+    """mini-SWE-agent answers an unparseable reply with a format-error message and leaves the
+    reply itself out of the next request: the gateway starts a new segment and names why."""
+    r = Renderer(tok)
+    hist = [Message("system", "sys"), Message("user", "task")]
+    returned = Message("assistant", "garbage")
+    state = ConversationState(
+        hist, tools_key([]), returned, r.render_fresh(ChatRequest(hist)), [9, tok.eos_id]
+    )
+    dropped = r.render(ChatRequest([*hist, Message("user", "format error: call a tool")]), state)
+    assert not dropped.extends and dropped.rewrite_reason == "assistant_message_dropped"
+    assert r.render(ChatRequest([*hist, returned]), state).rewrite_reason == "no_new_messages"

@@ -201,13 +201,17 @@ class Renderer:
         msgs = request.messages
         if key != state.tools_key:
             return "tools_changed"
-        if len(msgs) <= n + 1:
-            return "no_new_messages" if len(msgs) == n + 1 else "history_shortened"
+        if len(msgs) < n + 1:
+            return "history_shortened"
         for i in range(n):
             if msgs[i].canonical() != state.messages[i].canonical():
                 return f"history_edited_at_{i}"
-        if msgs[n].role != "assistant" or not msgs[n].same_as_returned(state.returned):
+        if msgs[n].role != "assistant":  # e.g. mini-SWE-agent drops a reply it could not parse
+            return "assistant_message_dropped"
+        if not msgs[n].same_as_returned(state.returned):
             return "assistant_message_edited"
+        if len(msgs) == n + 1:
+            return "no_new_messages"
         return None
 
     def decode_completion(self, ids: list[int], call_prefix: str, new_call_id: Any) -> tuple[Message, bool]:
