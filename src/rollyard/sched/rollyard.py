@@ -64,17 +64,18 @@ class AgingAdmission(ThunderAdmission):
             return None
         need = self.budget.claim(p, now)
         running = {r.program_id for r, _ in state.running.values()}
-        best: tuple[int, str, list[Pause]] | None = None
-        for name, room in rooms.items():
-            idle = [
-                q
-                for q in state.programs.values()
-                if q.engine == name
-                and q.state is ProgramState.ACTIVE
+        idle_on: dict[str | None, list[ProgramView]] = {}  # one pass, not one per engine
+        for q in state.programs.values():
+            if (
+                q.state is ProgramState.ACTIVE
                 and q.phase is ProgramPhase.ACTING
                 and q.id not in running
                 and q.id not in taken
-            ]
+            ):
+                idle_on.setdefault(q.engine, []).append(q)
+        best: tuple[int, str, list[Pause]] | None = None
+        for name, room in rooms.items():
+            idle = idle_on.get(name, [])
             pauses: list[Pause] = []
             for q in self.pause_order(idle, now):
                 if room >= need:
