@@ -50,6 +50,8 @@ def _aging(o: Options) -> Admission:
         age_s=float(o.get("age_s", 2.0)),
         reserve_after_s=None if reserve is None else float(reserve),
         min_run_s=float(o.get("min_run_s", 5.0)),
+        reserve_after_turns=float(o.get("reserve_after_turns", 1.0)),
+        min_run_turns=float(o.get("min_run_turns", 2.0)),
         acting_decay=float(o.get("acting_half_life_s", 0.0)) > 0,
     )
 
@@ -87,6 +89,8 @@ KNOWN_OPTIONS = {
     "age_s",
     "reserve_after_s",
     "min_run_s",
+    "reserve_after_turns",
+    "min_run_turns",
     "move_margin",
     "max_move_s",
     "prefill_tok_s",
