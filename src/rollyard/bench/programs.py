@@ -22,7 +22,7 @@ A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (120 s) ends its program 
 ``timed_out``; its turns so far count). One engine only: two engines on two shared cores
 measure contention, not routing (docs/scheduling.md has the measurement).
 
-The defaults (8 programs x 4 turns, 3 rounds) finish in about 15 minutes on 2 shared cores;
+The defaults (8 programs x 3 turns, 3 rounds) finish in about 15 minutes on 2 shared cores;
 ``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS``, ``_KV_TOKENS``, ``_MODEL_SIZE``
 (``small`` | ``tiny``) and ``_MAX_MODEL_LEN`` size it up (the issue's 32-48 programs over
 6-10 turns take hours here). ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``
@@ -247,7 +247,7 @@ def _orders(rounds: int) -> list[tuple[str, ...]]:
 
 
 def main(quick: bool = False) -> None:
-    n, turns, rounds = (4, 2, 1) if quick else (8, 4, 3)
+    n, turns, rounds = (4, 2, 1) if quick else (8, 3, 3)
     n, turns = _env_int("PROGRAMS", n), _env_int("TURNS", turns)
     rounds = _env_int("ROUNDS", rounds)
     kv_tokens, max_model_len = _env_int("KV_TOKENS", 2560), _env_int("MAX_MODEL_LEN", 2048)
