@@ -20,9 +20,10 @@ rollyard. The details also give, per path, the prompt tokens vLLM computed (not 
 its prefix cache) and its seconds in prefill: the recompute that pausing is meant to save.
 A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (120 s) ends its program (counted in
 ``timed_out``; its turns so far count). One engine only: two engines on two shared cores
-measure contention, not routing (docs/scheduling.md has the measurement).
+would measure contention, not routing (docs/scheduling.md; that run is not completed yet).
 
-The defaults (8 programs x 3 turns, 3 rounds) finish in about 15 minutes on 2 shared cores;
+The defaults (8 programs x 3 turns, 3 rounds, 12 paths of 100-200 s each) took 32 minutes at
+load average 12-25 on the 2-core machine, plus ~2.5 minutes of engine start;
 ``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS``, ``_KV_TOKENS``, ``_MODEL_SIZE``
 (``small`` | ``tiny``) and ``_MAX_MODEL_LEN`` size it up (the issue's 32-48 programs over
 6-10 turns take hours here). ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``
