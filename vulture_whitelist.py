@@ -152,3 +152,6 @@ prompt_cache_key  # unused variable (src/rollyard/gateway/bodies/responses.py:12
 parallel_tool_calls  # unused variable (src/rollyard/gateway/bodies/responses.py:126)
 truncation  # unused variable (src/rollyard/gateway/bodies/responses.py:128)
 service_tier  # unused variable (src/rollyard/gateway/bodies/responses.py:131)
+install_cmd  # unused function (src/rollyard/cli/agents.py:17)
+list_cmd  # unused function (src/rollyard/cli/agents.py:30)
+body_bytes  # unused variable (src/rollyard/core/events.py:100)

@@ -74,6 +74,27 @@ def test_acting_programs_are_paused_to_make_room_for_an_overdue_one() -> None:
     assert s.dispatch()[0].request_id == "r2"
 
 
+def test_the_reserve_time_and_recent_restores_follow_the_engines_request_time() -> None:
+    """On an engine whose requests take 12 s, a program held 10 s is not overdue yet (with a
+    fixed 10 s it would be, and acting programs would be paused for it), and a program
+    restored 20 s ago still counts as recent (2 requests)."""
+    s, clock = rollyard(("e", 1000), reserve_after_s=10, min_run_s=5)
+    turn(s, "r0", "actor_big", 300)
+    turn(s, "r1", "actor_small", 200)
+    s.state.engines["e"].service_s = 12.0  # what Scheduler.complete measures
+    s.submit("r2", "long", 600)
+    clock.advance(10)
+    assert s.tick() == []
+    clock.advance(2)
+    assert s.tick() == [Pause("actor_small", "e", "make_room"), Restore("long", "e", 12.0)]
+    assert s.dispatch()[0].request_id == "r2"
+    s.complete("r2", 10)  # both act now
+    s.state.engines["e"].service_s = 12.0
+    clock.advance(20)  # "long" was restored 20 s ago: recent under 2 x 12 s, not under 5 s
+    s.observe("actor_big", context_tokens=700)  # 700 + 600 > 1000: one must go
+    assert [d for d in s.tick() if isinstance(d, Pause)] == [Pause("actor_big", "e")]  # not the smaller
+
+
 def test_a_restored_program_returns_to_the_engine_that_caches_its_prefix() -> None:
     s, clock = rollyard(("a", 1000), ("b", 1000))
     turn(s, "r0", "p", 500)

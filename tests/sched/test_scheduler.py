@@ -173,3 +173,27 @@ def test_the_decision_core_imports_without_the_gateway_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_policy_spec_sets_parts_and_options_from_one_string() -> None:
+    """``rollyard gateway --policy`` and ``rollyard sim -p`` take ``NAME,key=value,...``."""
+    from rollyard.core.errors import ConfigError
+    from rollyard.sched import AgingAdmission, ThunderAdmission
+    from rollyard.sched.registry import policy_from_spec
+
+    p = policy_from_spec("rollyard, max_hold_s=20, min_run_s=30, tick_s=0.5")
+    assert isinstance(p.admission, AgingAdmission)
+    assert (p.admission.max_hold_s, p.admission.min_run_s, p.tick_s) == (20.0, 30.0, 0.5)
+    assert policy_from_spec("thunder,order=seer").name == "thunder[fewest_tokens,thunder,seer]"
+    off = policy_from_spec("thunder,acting_half_life_s=0").admission
+    assert isinstance(off, ThunderAdmission) and not off.acting_decay  # "0" is off, not a truthy string
+    for bad, why in [
+        ("rollyard,bogus=1", "unknown scheduling option"),
+        ("rollyard,max_hold_s", "is not key=value"),
+        ("rollyard,max_hold_s=soon", "admission policy 'aging'"),
+        ("rollyard,tick_s=x", "tick_s"),
+        ("nope", "unknown scheduling policy"),
+        ("", "unknown scheduling policy"),
+    ]:
+        with pytest.raises(ConfigError, match=why):
+            policy_from_spec(bad)

@@ -3,20 +3,32 @@ through the gateway under ``fifo``, ``thunder`` and ``rollyard``.
 
 Each program is an agent loop over the official OpenAI SDK: a model call, a "tool" that
 sleeps 0.5-2 s, its output appended, again, for ``TURNS`` turns; half the programs start
-with a long prompt, half with a short one. The engine's KV cache (``--kv-tokens``) is far
-below the sum of the programs' contexts, so without program-aware admission vLLM preempts
-and recomputes. Paths run in alternating order in each round (outside load lands on all),
-every prompt carries its round and path so no path hits another's prefix cache.
+with a long prompt (~470 tokens), half with a short one (~60). The engine serves the
+``small`` model (26M parameters, so recomputing evicted context costs real prefill: ~400
+prompt tokens/s on the 2-core machine) with a KV cache (``KV_TOKENS``, 2560 by default) far
+below what the programs' contexts add up to, so vLLM runs out of blocks, preempts and
+evicts cached prefixes when every program is admitted at once. Paths run in alternating
+order in each round (outside load lands on all), every prompt carries its round and path
+so no path hits another's prefix cache.
 
 Reported (medians over rounds): ``thr_vs_vllm`` = rollyard turns/min over direct,
 ``thr_vs_thunder`` = rollyard over thunder, vLLM preemptions during the direct and the
 rollyard path, ``long_short_ttft`` = the median first-response time of long-prompt programs
 over that of short-prompt ones (rollyard; thunder's in the details), ``hold_p99_s`` (the
 gateway's hold-time histogram, upper bucket bound) and the prefix-cache ``hit_rate`` under
-rollyard. A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (300 s) ends its program (counted
-in ``timed_out``; its turns so far count). One engine only: two engines on two shared cores
-measure contention, not routing. ``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS`` and
-``_KV_TOKENS`` size the run.
+rollyard. The details also give, per path, the prompt tokens vLLM computed (not served from
+its prefix cache) and its seconds in prefill: the recompute that pausing is meant to save.
+A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (120 s) ends its program (counted in
+``timed_out``; its turns so far count). One engine only: two engines on two shared cores
+would measure contention, not routing (docs/scheduling.md; that run is not completed yet).
+
+The defaults (8 programs x 3 turns, 3 rounds, 12 paths of 100-200 s each) took 32 minutes at
+load average 12-25 on the 2-core machine, plus ~2.5 minutes of engine start;
+``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS``, ``_KV_TOKENS``, ``_MODEL_SIZE``
+(``small`` | ``tiny``) and ``_MAX_MODEL_LEN`` size it up (the issue's 32-48 programs over
+6-10 turns take hours here). ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``
+reuse a running engine (served as ``bench``; then the KV size is its own);
+``ROLLYARD_BENCH_OURS`` gives the rollyard path's ``--policy`` (``rollyard,min_run_s=30``).
 """
 
 from __future__ import annotations
@@ -37,14 +49,44 @@ from typing import Any
 
 import httpx
 
-from rollyard.bench._report import report
-from rollyard.bench.gateway import _engine
+from rollyard.bench._report import loadavg, report
 from rollyard.core.net import free_port
 
 ADMIN = "bench-admin"
+SERVED = "bench"
 PATHS = ("direct", "fifo", "thunder", "rollyard")
-TIMEOUT_S = float(os.environ.get("ROLLYARD_BENCH_TIMEOUT_S", 300))
+TIMEOUT_S = float(os.environ.get("ROLLYARD_BENCH_TIMEOUT_S", 120))
+OURS = os.environ.get("ROLLYARD_BENCH_OURS", "rollyard")  # the rollyard path's --policy (options: NAME,k=v)
+MAX_TOKENS = 32
+LONG_WORDS, SHORT_WORDS = 400, 50  # ~470 and ~60 tokens of the small model's tokenizer
 WORDS = ["module", "class", "import", "return", "value", "config", "parser", "buffer", "engine", "token"]
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(f"ROLLYARD_BENCH_{name}", default))
+
+
+@contextlib.contextmanager
+def _engine(size: str, kv_tokens: int, max_model_len: int) -> Iterator[tuple[str, Path]]:
+    """A fresh vLLM serving a new ``size`` model with a capped KV cache, or the engine named by
+    ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``."""
+    url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
+    if url and model:
+        yield url, Path(model)
+        return
+    from rollyard.engines.launcher import VLLMServer
+    from rollyard.engines.tiny_model import create_model
+
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = create_model(Path(d) / size, seed=0, size=size)
+        with VLLMServer(
+            model_dir,
+            kv_tokens=kv_tokens,
+            max_model_len=max_model_len,
+            served_name=SERVED,
+            startup_timeout_s=900.0,  # the small model on 2 loaded cores: 2-5 minutes
+        ) as server:
+            yield server.url, model_dir
 
 
 @contextlib.contextmanager
@@ -52,25 +94,21 @@ def _gateway(engine_url: str, model_dir: Path, policy: str) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
         cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url, "--policy", policy]
-        cmd += [
-            "--model-dir",
-            str(model_dir),
-            "--port",
-            str(port),
-            "--state-dir",
-            state,
-            "--model-name",
-            "tiny",
-        ]
-        proc = subprocess.Popen(
-            cmd, env={**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}, stdout=subprocess.DEVNULL
-        )
+        cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
+        cmd += ["--model-name", SERVED]
+        env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
+        log = Path(state) / "gateway.log"  # its shutdown complains about held requests: kept aside
+        with log.open("wb") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(600):
+            for _ in range(1200):
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{url}/health").status_code == 200:
                         break
+                if proc.poll() is not None:
+                    tail = log.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"gateway exited with {proc.returncode} before it was up:\n{tail}")
                 time.sleep(0.1)
             yield url
         finally:
@@ -91,7 +129,8 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
 
     rng = random.Random(seed)
     api = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0, timeout=TIMEOUT_S)
-    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, 400 if long else 50)}]
+    first_words = LONG_WORDS if long else SHORT_WORDS
+    msgs: list[dict[str, str]] = [{"role": "user", "content": f"{tag}: " + _words(rng, first_words)}]
     first = 0.0
     done = 0
     try:
@@ -99,7 +138,11 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
             t0 = time.perf_counter()
             try:
                 r = await api.chat.completions.create(
-                    model="tiny", messages=msgs, max_tokens=32, temperature=1.0
+                    model=SERVED,
+                    messages=msgs,  # type: ignore[arg-type]
+                    max_tokens=MAX_TOKENS,
+                    temperature=1.0,
+                    extra_body={"ignore_eos": True},  # every turn decodes MAX_TOKENS: same work on every path
                 )
             except openai.APITimeoutError:  # starved past the client's patience: counted, not fatal
                 return {"long": long, "first_s": first or TIMEOUT_S, "turns": done, "timed_out": True}
@@ -114,7 +157,7 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
     return {"long": long, "first_s": first, "turns": done, "timed_out": False}
 
 
-async def _engine_counts(url: str) -> tuple[int, int, int]:
+async def _engine_counts(url: str) -> dict[str, float]:
     from rollyard.engines.vllm import VLLMBackend
 
     b = VLLMBackend(url)
@@ -122,7 +165,13 @@ async def _engine_counts(url: str) -> tuple[int, int, int]:
         s = await b.stats()
     finally:
         await b.aclose()
-    return s.preemptions, s.prefix_cache_hits, s.prefix_cache_queries
+    return {
+        "preemptions": s.preemptions,
+        "hits": s.prefix_cache_hits,
+        "queries": s.prefix_cache_queries,
+        "prefill_tokens": s.prefill_tokens,
+        "prefill_s": s.prefill_s,
+    }
 
 
 def _hold_p99(metrics_text: str) -> float:
@@ -138,6 +187,10 @@ def _hold_p99(metrics_text: str) -> float:
     return next(le for le, n in buckets if n >= 0.99 * total)
 
 
+def _counter(metrics_text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in metrics_text.splitlines() if line.startswith(name + " "))
+
+
 async def _run_path(
     path: str, engine_url: str, gateway_url: str | None, n: int, turns: int, tag: str
 ) -> dict[str, Any]:
@@ -148,7 +201,8 @@ async def _run_path(
             if gateway_url is None:
                 keys.append((f"{engine_url}/v1", "none"))
                 continue
-            r = await http.post(f"{gateway_url}/programs", json={}, headers={"x-api-key": ADMIN})
+            body = {"sampling": {"temperature": 1.0, "ignore_eos": True}}  # as the direct path asks
+            r = await http.post(f"{gateway_url}/programs", json=body, headers={"x-api-key": ADMIN})
             r.raise_for_status()
             keys.append((f"{gateway_url}/v1", r.json()["api_key"]))
     t0 = time.perf_counter()
@@ -160,43 +214,60 @@ async def _run_path(
     )
     wall = time.perf_counter() - t0
     post = await _engine_counts(engine_url)
-    hold = 0.0
+    d = {k: post[k] - pre[k] for k in pre}
+    hold, pauses = 0.0, 0.0
     if gateway_url is not None:
-        hold = _hold_p99(httpx.get(f"{gateway_url}/metrics").text)
+        text = httpx.get(f"{gateway_url}/metrics", headers={"x-api-key": ADMIN}).text
+        hold, pauses = _hold_p99(text), _counter(text, "rollyard_sched_pauses_total")
     firsts = {flag: [p["first_s"] for p in progs if p["long"] is flag] for flag in (True, False)}
-    queries = post[2] - pre[2]
     return {
         "turns_per_min": 60 * sum(p["turns"] for p in progs) / wall,
         "wall_s": wall,
-        "preemptions": post[0] - pre[0],
-        "hit_rate": (post[1] - pre[1]) / queries if queries else 0.0,
+        "preemptions": int(d["preemptions"]),
+        "hit_rate": d["hits"] / d["queries"] if d["queries"] else 0.0,
+        "prefill_tokens": int(d["prefill_tokens"]),
+        "prefill_s": d["prefill_s"],
         "long_short_ttft": statistics.median(firsts[True]) / max(1e-9, statistics.median(firsts[False])),
         "ttft_long_s": statistics.median(firsts[True]),
         "ttft_short_s": statistics.median(firsts[False]),
         "hold_p99_s": hold,
+        "pauses": int(pauses),
         "timed_out": sum(p["timed_out"] for p in progs),
-        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        "loadavg": loadavg(),
     }
 
 
+def _orders(rounds: int) -> list[tuple[str, ...]]:
+    """Each round's path order: forward, then reversed, then rotated, so no path always runs
+    first (right after the engine is idle) or last."""
+    out: list[tuple[str, ...]] = []
+    for r in range(rounds):
+        base = PATHS[r // 2 % len(PATHS) :] + PATHS[: r // 2 % len(PATHS)]
+        out.append(base if r % 2 == 0 else tuple(reversed(base)))
+    return out
+
+
 def main(quick: bool = False) -> None:
-    env = os.environ.get
-    n, turns, rounds = (8, 3, 1) if quick else (int(env("ROLLYARD_BENCH_PROGRAMS", 24)), 6, 2)
-    turns, rounds = int(env("ROLLYARD_BENCH_TURNS", turns)), int(env("ROLLYARD_BENCH_ROUNDS", rounds))
-    kv_tokens = int(os.environ.get("ROLLYARD_BENCH_KV_TOKENS", 8192))
+    n, turns, rounds = (4, 2, 1) if quick else (8, 3, 3)
+    n, turns = _env_int("PROGRAMS", n), _env_int("TURNS", turns)
+    rounds = _env_int("ROUNDS", rounds)
+    kv_tokens, max_model_len = _env_int("KV_TOKENS", 2560), _env_int("MAX_MODEL_LEN", 2048)
+    size = os.environ.get("ROLLYARD_BENCH_MODEL_SIZE", "small")
     per_path: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
-    with _engine(kv_tokens) as (engine_url, model_dir):
-        for r in range(rounds):
-            order = PATHS if r % 2 == 0 else tuple(reversed(PATHS))
+    loads = [loadavg()]
+    started = time.perf_counter()
+    with _engine(size, kv_tokens, max_model_len) as (engine_url, model_dir):
+        for r, order in enumerate(_orders(rounds)):
             for path in order:
                 tag = f"round{r}"
                 if path == "direct":
                     res = asyncio.run(_run_path(path, engine_url, None, n, turns, tag))
                 else:
-                    with _gateway(engine_url, model_dir, path) as gw:
+                    with _gateway(engine_url, model_dir, OURS if path == "rollyard" else path) as gw:
                         res = asyncio.run(_run_path(path, engine_url, gw, n, turns, tag))
                 per_path[path].append(res)
                 print(f"round {r} {path}: {res}", flush=True)
+    loads.append(loadavg())
 
     def med(path: str, key: str) -> float:
         return statistics.median(x[key] for x in per_path[path])
@@ -210,17 +281,21 @@ def main(quick: bool = False) -> None:
         "hold_p99_s": med("rollyard", "hold_p99_s"),
         "hit_rate": med("rollyard", "hit_rate"),
     }
+    keys = ("turns_per_min", "preemptions", "hit_rate", "prefill_tokens", "prefill_s", "long_short_ttft")
     details = {
         "programs": n,
         "turns": turns,
         "rounds": rounds,
         "kv_tokens": kv_tokens,
-        "model": "tiny",
-        "per_path": per_path,
+        "max_model_len": max_model_len,
+        "model": size,
+        "ours": OURS,
+        "max_tokens": MAX_TOKENS,
         "timeout_s": TIMEOUT_S,
-        "medians": {
-            p: {k: med(p, k) for k in ("turns_per_min", "preemptions", "long_short_ttft", "hit_rate")}
-            for p in PATHS
-        },
+        "loadavg_start_end": loads,
+        "wall_s": time.perf_counter() - started,
+        "orders": _orders(rounds),
+        "per_path": per_path,
+        "medians": {p: {k: med(p, k) for k in (*keys, "hold_p99_s", "pauses", "timed_out")} for p in PATHS},
     }
     report("programs", summary, details)

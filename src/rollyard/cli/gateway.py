@@ -22,7 +22,11 @@ def gateway(
     capacity: int = typer.Option(256, help="concurrent requests sent to each engine"),
     uds: Path | None = typer.Option(None, help="also serve on this unix socket (what sandboxes reach)"),
     tcp: bool = typer.Option(True, help="serve on --host/--port (--no-tcp: the unix socket only)"),
-    policy: str = typer.Option("fifo", help="scheduling policy: fifo, thunder, rollyard, seer, group_bound"),
+    policy: str = typer.Option(
+        "fifo",
+        help="scheduling policy: fifo, thunder, rollyard, seer, group_bound; "
+        "NAME,key=value,... sets parts and options (rollyard,max_hold_s=20)",
+    ),
     divide_tokens: int = typer.Option(
         0, min=0, help="divided rollout: generate in chunks of this many tokens, rescheduled (0: off)"
     ),

@@ -13,16 +13,9 @@ from rollyard.core.errors import ConfigError
 
 def parse_policy(spec: str):  # type: ignore[no-untyped-def]
     """``NAME`` or ``NAME,part=value,...`` (parts: router, admission, order, tick_s, or an option)."""
-    from rollyard.sched import make_policy
+    from rollyard.sched.registry import policy_from_spec
 
-    name, *parts = [s.strip() for s in spec.split(",") if s.strip()]
-    kw: dict[str, object] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise ConfigError(f"policy {spec!r}: {part!r} is not key=value")
-        kw[key] = float(value) if key == "tick_s" else value
-    return make_policy(name, **kw)  # type: ignore[arg-type]
+    return policy_from_spec(spec)
 
 
 @app.command("sim")

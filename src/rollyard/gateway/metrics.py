@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# holds are bounded by seconds-scale options (rollyard's max_hold_s: 30), so finer steps there
+_HOLD_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 32, 35, 40, 50, 60, 120, 300, 600, 1800)
 
 
 class GatewayMetrics:
@@ -44,7 +46,7 @@ class GatewayMetrics:
         self.hold = Histogram(
             "rollyard_sched_hold_seconds",
             "How long a restored program was held (paused or unplaced)",
-            buckets=_LATENCY_BUCKETS,
+            buckets=_HOLD_BUCKETS,
             registry=r,
         )
         self.moves = Counter(

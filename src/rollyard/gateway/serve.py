@@ -24,7 +24,7 @@ from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.settings import GatewayLimits
 from rollyard.gateway.tokenizer import FastTokenizer
-from rollyard.sched import make_policy
+from rollyard.sched.registry import policy_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def serve(
 
     if not engines:
         raise ConfigError("give at least one --engine URL")
-    make_policy(policy)  # an unknown name fails before anything starts
+    chosen = policy_from_spec(policy)  # an unknown name or option fails before anything starts
     if not tcp and uds is None:
         raise ConfigError("--no-tcp needs --uds PATH (nothing to listen on)")
     found_dir, found_name = (model_dir, model_name) if model_dir else discover_model_dir(engines[0])
@@ -108,7 +108,7 @@ def serve(
         model_name or found_name or "model",
         strict_model=strict_model,
         capacity=capacity,
-        policy=policy,
+        policy=chosen,
         divide_tokens=divide_tokens,
     )
     import uvicorn

@@ -6,6 +6,11 @@ may be counted at a discount that halves every ``acting_half_life_s`` (ThunderAg
 decay: its KV is likely to be evicted soon, so restoring against it is optimistic). A paused
 program still claims KV while a request it started before the pause is running (pausing is
 soft: the gateway only holds its next request).
+
+``claims_by_engine`` sums every engine's claims in one pass; during a dispatch or tick the
+``Scheduler`` keeps that on the state (computed on the first ``used``, none for policies that
+never ask), so a policy that asks for every candidate costs O(programs) per decision round,
+not O(programs) per candidate and engine.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 from rollyard.core.program import ProgramPhase, ProgramState
 from rollyard.sched.views import EngineView, ProgramView, SchedState
 
-__all__ = ["KvBudget"]
+__all__ = ["KvBudget", "claims_by_engine", "counts_on"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class KvBudget:
 
     def used(self, state: SchedState, engine: str, now: float, decay: bool = False) -> float:
         """Tokens claimed on ``engine``: its active programs, plus paused ones still running there."""
+        if state.indexing and not (decay and self.acting_half_life_s > 0):
+            if state.claims is None:  # the first question of this dispatch or tick
+                state.claims = claims_by_engine(state)
+            tokens, n = state.claims.get(engine, (0, 0))
+            return float(tokens) + n * self.buffer_tokens  # the scan's sum, exactly (integers)
         running = {r.program_id for r, e in state.running.values() if e == engine}
         total = 0.0
         for p in state.programs.values():
@@ -51,3 +61,22 @@ class KvBudget:
         if not e.kv_capacity_tokens:
             return float("inf")
         return e.kv_capacity_tokens - self.used(state, e.name, now, decay)
+
+
+def counts_on(p: ProgramView, running: set[tuple[str, str]]) -> bool:
+    """Whether a program claims KV on its engine (``running``: (program, engine) pairs in flight)."""
+    if p.engine is None or p.state.is_over:
+        return False
+    return p.state is ProgramState.ACTIVE or (p.id, p.engine) in running
+
+
+def claims_by_engine(state: SchedState) -> dict[str, tuple[int, int]]:
+    """Every engine's claimed (context tokens, programs), in one pass over the programs."""
+    running = {(r.program_id, e) for r, e in state.running.values()}
+    out: dict[str, tuple[int, int]] = {}
+    for p in state.programs.values():
+        if counts_on(p, running):
+            assert p.engine is not None
+            tokens, n = out.get(p.engine, (0, 0))
+            out[p.engine] = (tokens + p.context_tokens, n + 1)
+    return out

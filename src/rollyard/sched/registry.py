@@ -3,7 +3,8 @@
 ``make_policy("thunder")`` gives a preset; ``make_policy("thunder", order="seer")`` swaps one
 part, which is how mechanisms compose (ThunderAgent pause/restore with Seer's ordering and
 cost-aware routing in one scheduler). Every name a user can write is listed in the error
-for one that does not exist.
+for one that does not exist. ``policy_from_spec("rollyard,max_hold_s=20,order=seer")`` is
+the same from one string (``rollyard gateway --policy``, ``rollyard sim -p``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from rollyard.sched.rollyard import AgingAdmission, CostAware
 from rollyard.sched.seer import GroupBound, SeerOrder, SeerRouter
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
 
-__all__ = ["admission_names", "make_policy", "order_names", "policy_names", "router_names"]
+__all__ = [
+    "admission_names",
+    "make_policy",
+    "order_names",
+    "policy_from_spec",
+    "policy_names",
+    "router_names",
+]
 
 Options = dict[str, Any]
 
@@ -30,7 +38,7 @@ def _budget(o: Options) -> KvBudget:
 
 def _thunder(o: Options) -> Admission:
     return ThunderAdmission(
-        _budget(o), float(o.get("max_hold_s", 1800.0)), bool(o.get("acting_half_life_s", 0.0))
+        _budget(o), float(o.get("max_hold_s", 1800.0)), float(o.get("acting_half_life_s", 0.0)) > 0
     )
 
 
@@ -42,7 +50,9 @@ def _aging(o: Options) -> Admission:
         age_s=float(o.get("age_s", 2.0)),
         reserve_after_s=None if reserve is None else float(reserve),
         min_run_s=float(o.get("min_run_s", 5.0)),
-        acting_decay=bool(o.get("acting_half_life_s", 0.0)),
+        reserve_after_turns=float(o.get("reserve_after_turns", 1.0)),
+        min_run_turns=float(o.get("min_run_turns", 2.0)),
+        acting_decay=float(o.get("acting_half_life_s", 0.0)) > 0,
     )
 
 
@@ -79,6 +89,8 @@ KNOWN_OPTIONS = {
     "age_s",
     "reserve_after_s",
     "min_run_s",
+    "reserve_after_turns",
+    "min_run_turns",
     "move_margin",
     "max_move_s",
     "prefill_tok_s",
@@ -137,3 +149,21 @@ def make_policy(
     )
     label = name if (r, a, o) == PRESETS[name][:3] else f"{name}[{r},{a},{o}]"
     return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t)
+
+
+def policy_from_spec(spec: str) -> Policy:
+    """``NAME`` or ``NAME,key=value,...``: keys are ``router``, ``admission``, ``order``,
+    ``tick_s`` or an option (``max_hold_s=20``); a bad key or value is a ConfigError."""
+    name, *parts = [s.strip() for s in spec.split(",") if s.strip()] or [""]
+    kw: dict[str, Any] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"policy {spec!r}: {part!r} is not key=value")
+        kw[key.strip()] = value.strip()
+    tick = kw.pop("tick_s", None)
+    try:
+        tick_s = None if tick is None else float(tick)
+    except ValueError:
+        raise ConfigError(f"policy {spec!r}: tick_s={tick!r} is not a number") from None
+    return make_policy(name, tick_s=tick_s, **kw)

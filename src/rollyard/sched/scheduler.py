@@ -4,6 +4,10 @@ The shell calls ``submit`` / ``complete`` / ``cancel`` as requests come and go, 
 measurements through ``update_engine``, and carries out what ``dispatch`` (starts and moves)
 and ``tick`` (pauses and restores) return. Time comes only from the injected clock, so the
 gateway, the tests and the simulator drive the same object.
+
+During a dispatch or a tick the state indexes every engine's KV claims (``SchedState.claims``,
+computed on first use and updated as programs are placed), so policies that weigh KV room for every
+queued request cost O(programs + queue) per round instead of O(programs x queue).
 """
 
 from __future__ import annotations
@@ -164,6 +168,13 @@ class Scheduler:
         """Start every queued request that may run and fits, in the policy's order."""
         if not self.state.queue:
             return []
+        self.state.indexing, self.state.claims = True, None
+        try:
+            return self._dispatch()
+        finally:
+            self.state.indexing, self.state.claims = False, None
+
+    def _dispatch(self) -> list[Start | Move]:
         now = self.clock.now()
         out: list[Start | Move] = []
         started: set[str] = set()
@@ -178,13 +189,13 @@ class Scheduler:
                 engine = router.place(program, self.state, now)
                 if engine is None:
                     continue
-                program.engine = engine
+                self._rehome(program, engine)
             else:
                 move = router.reroute(program, r, self.state, now)
                 if move is not None:
                     out.append(move)
                     moved_from, engine = engine, move.dst
-                    program.engine = engine
+                    self._rehome(program, engine)
             view = self.state.engines[engine]
             if view.free <= 0:
                 continue  # sticky: wait for its own engine
@@ -204,7 +215,12 @@ class Scheduler:
         """Ask the admission policy who runs now, apply its pauses and restores, return those applied."""
         now = self.clock.now()
         applied: list[Pause | Restore] = []
-        for d in self.policy.admission.tick(self.state, now):
+        self.state.indexing, self.state.claims = True, None
+        try:
+            decisions = self.policy.admission.tick(self.state, now)
+        finally:
+            self.state.indexing, self.state.claims = False, None
+        for d in decisions:
             program = self.state.programs.get(d.program_id)
             if program is None or program.state.is_over:
                 continue
@@ -223,6 +239,17 @@ class Scheduler:
                 program.engine = d.engine
             applied.append(d)
         return applied
+
+    def _rehome(self, program: ProgramView, engine: str) -> None:
+        """Place an active (unpaused) program on ``engine``, moving its claim in the KV index."""
+        claims = self.state.claims
+        if claims is not None and program.state is ProgramState.ACTIVE:
+            if program.engine is not None:
+                tokens, n = claims[program.engine]
+                claims[program.engine] = (tokens - program.context_tokens, n - 1)
+            tokens, n = claims.get(engine, (0, 0))
+            claims[engine] = (tokens + program.context_tokens, n + 1)
+        program.engine = engine
 
     # phase bookkeeping ----------------------------------------------------
     def _opened(self, view: ProgramView) -> None:

@@ -91,21 +91,24 @@ class ThunderAdmission:
         for p in forced:  # bounded hold: restore on the engine with the most room, fit or not
             name = max(rooms, key=lambda n: (rooms[n], n))
             self._take(p, name, rooms, now, restored, out)
+        taken = set(restored)  # programs decided this tick (restored or paused), kept as we go
         for p in self.restore_order([p for p in candidates if p.id not in restored], now):
             name = self.choose_engine(p, rooms, healthy)
             if name is None:
-                taken = set(restored) | {d.program_id for d in out}
                 room = self.make_room(p, state, rooms, taken, now)
                 if room is not None:
                     name, pauses = room
                     for v in pauses:
                         rooms[name] += self.budget.claim(state.programs[v.program_id], now, self.acting_decay)
                     out.extend(pauses)
+                    taken.update(v.program_id for v in pauses)
                     self._take(p, name, rooms, now, restored, out)
+                    taken.add(p.id)
                 if self.stop_after_miss(p, now):
                     break
                 continue
             self._take(p, name, rooms, now, restored, out)
+            taken.add(p.id)
         return restored
 
     def _take(
@@ -131,16 +134,14 @@ class ThunderAdmission:
         out: list[Pause | Restore],
     ) -> None:
         paused = {d.program_id for d in out if isinstance(d, Pause)}
+        by_engine: dict[str | None, list[ProgramView]] = {}  # one pass, not one per engine
+        for p in state.programs.values():
+            if (p.state is ProgramState.ACTIVE or p.id in restored) and p.id not in paused:
+                by_engine.setdefault(restored.get(p.id, p.engine), []).append(p)
         for name, e in healthy.items():
             if not e.kv_capacity_tokens:
                 continue
-            mine = [
-                p
-                for p in state.programs.values()
-                if (p.state is ProgramState.ACTIVE or p.id in restored)
-                and p.id not in paused
-                and restored.get(p.id, p.engine) == name
-            ]
+            mine = by_engine.get(name, [])
             over = sum(self.budget.claim(p, now) for p in mine) - e.kv_capacity_tokens
             for p in self.pause_order([p for p in mine if p.id not in restored], now):
                 if over <= 0:

@@ -87,6 +87,12 @@ class SchedState:
     running: dict[str, tuple[Request, str]] = field(default_factory=dict)  # request id -> (request, engine)
     # group id -> the longest output any of its finished requests produced (kept after a program ends)
     group_longest: dict[str, int] = field(default_factory=dict)
+    # While ``indexing`` (the Scheduler sets it for the span of one dispatch or tick), the first
+    # ``KvBudget.used`` fills ``claims`` (engine -> (context tokens, programs) claiming KV there) in
+    # one pass and later ones cost O(1); the Scheduler updates it as it places programs. Outside a
+    # dispatch or tick, or for a policy driven without a Scheduler, every ``used`` scans.
+    indexing: bool = False
+    claims: dict[str, tuple[int, int]] | None = None
 
     def programs_on(self, engine: str) -> list[ProgramView]:
         return [p for p in self.programs.values() if p.engine == engine and not p.state.is_over]
