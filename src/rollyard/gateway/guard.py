@@ -1,10 +1,14 @@
 """``GuardedBackend``: an engine behind a circuit breaker, so connection trouble fails fast.
 
 It wraps any ``Backend``. A connection-level failure (``EngineUnavailable``: refused, reset,
-timed out, stats poll failed) opens the engine's breaker; while open, every call fails at once
-with ``EngineUnavailable(retry_after_s=...)`` without touching the engine, including the
-pool's stats poll, so the pool cannot mark the engine healthy before the backoff ends. The
-first call after it is a probe: success closes the breaker, failure reopens it for longer.
+timed out, stats poll failed) counts against the engine's breaker and starts one health probe
+of the engine: the breaker opens when the probe fails or after ``threshold`` consecutive
+failures, not on one request's dropped connection while the engine answers everyone else.
+While open, every call fails at once with ``EngineUnavailable(retry_after_s=...)`` without
+touching the engine, including the pool's stats poll, so the pool cannot mark the engine
+healthy before the backoff ends. The first call after it is a probe: success closes the
+breaker, failure reopens it for longer. ``held_out`` tells the gateway whether to route
+around the engine (``EnginePool.mark_down``).
 
 An error the engine *answers* with (``EngineError``, ``InvalidRequest``) passes through
 untouched: the engine is alive and the error belongs to the request that caused it.
@@ -12,6 +16,7 @@ untouched: the engine is alive and the error belongs to the request that caused 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +61,8 @@ class GuardedBackend:
     def __init__(self, inner: Backend, breaker: CircuitBreaker, metrics: GuardMetrics) -> None:
         self.inner, self.breaker, self.metrics = inner, breaker, metrics
         self.name = inner.name
+        self._probe: asyncio.Task[None] | None = None
+        self.probes = 0  # health probes started by failures (a test reads it)
 
     def __getattr__(self, attr: str) -> Any:  # everything not guarded: the engine's own
         return getattr(self.inner, attr)
@@ -76,19 +83,50 @@ class GuardedBackend:
                 retry_after_s=wait,
             )
 
+    @property
+    def held_out(self) -> bool:
+        """The breaker is open: route around this engine until its backoff ends."""
+        return self.breaker.wait_s() > 0
+
     def _failed(self, e: EngineUnavailable) -> None:
         opens = self.breaker.opens
         backoff = self.breaker.failure()
-        if self.breaker.opens == opens:
-            return  # one more request of the incident that opened it
+        if self.breaker.opens != opens:
+            self._opened(backoff, e.message)
+        elif not backoff:  # still closed: the engine's own health check decides
+            self._start_probe(e.message)
+
+    def _opened(self, backoff: float, why: str) -> None:
         self.metrics.breaker_opens.labels(self.name).inc()
         self.metrics.breaker_open.labels(self.name).set(1)
-        log.warning(
-            "engine breaker open engine=%s backoff_s=%.1f reason=%s", self.name, backoff, e.message[:200]
-        )
+        log.warning("engine breaker open engine=%s backoff_s=%.1f reason=%s", self.name, backoff, why[:200])
+
+    def _start_probe(self, why: str) -> None:
+        if self._probe is None or self._probe.done():
+            self.probes += 1
+            self._probe = asyncio.get_running_loop().create_task(self._check(why))
+
+    async def _check(self, why: str) -> None:
+        try:
+            ok = await self.inner.health()
+        except Exception:  # a probe that cannot run is a failed probe
+            ok = False
+        log.info("engine probe after a failed request engine=%s ok=%s failure=%s", self.name, ok, why[:200])
+        if ok:
+            return
+        opens = self.breaker.opens
+        backoff = self.breaker.trip()
+        if self.breaker.opens != opens:
+            self._opened(backoff, f"health probe failed after: {why}")
+
+    async def verdict(self) -> bool:
+        """Wait for the probe a failure started (if any); True when the engine may be used."""
+        if self._probe is not None and not self._probe.done():
+            await asyncio.shield(self._probe)
+        return not self.held_out
 
     def _ok(self) -> None:
-        if self.breaker.failures:
+        if self.breaker.streak:
             log.info("engine breaker closed engine=%s", self.name)
             self.metrics.breaker_open.labels(self.name).set(0)
         self.breaker.success()
