@@ -159,7 +159,8 @@ async def racy() -> AsyncIterator[tuple[str, list[str]]]:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode().split("\r\n")
-                size = next((int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")), 0)
+                sizes = [int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")]
+                size = sizes[0] if sizes else 0
                 await reader.readexactly(size)
                 n += 1
                 path = lines[0].split()[1]
