@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 # What a connection closed or reset under a request looks like before any response byte.
-_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
 _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 
 
