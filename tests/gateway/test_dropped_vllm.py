@@ -141,6 +141,7 @@ def test_a_connection_dropped_before_the_answer_is_resent_and_nobody_fails(
     proxy.arm("request")
     assert run_all(url, 12, stream) == ["ok"] * 12
     assert proxy.cuts == cuts + 1 and backend.resent == resent + 1
+    assert metric(url, 'rollyard_engine_resends{engine="vllm"}') == backend.resent
     assert "engine down" not in caplog.text
     assert metric(url, 'rollyard_engine_breaker_opens_total{engine="vllm"}') == 0
     assert httpx.get(f"{url}/health").json()["status"] == "ok"

@@ -50,6 +50,13 @@ class GuardMetrics:
             ["cause"],
             registry=registry,
         )
+        self.resends = Gauge(
+            "rollyard_engine_resends",
+            "Engine requests resent after their connection dropped before any answer (kept-alive "
+            "connections the engine closed as they were reused)",
+            ["engine"],
+            registry=registry,
+        )
         self.throttled = Counter(
             "rollyard_gateway_programs_throttled",
             "Programs throttled by their error budget",
@@ -61,6 +68,7 @@ class GuardedBackend:
     def __init__(self, inner: Backend, breaker: CircuitBreaker, metrics: GuardMetrics) -> None:
         self.inner, self.breaker, self.metrics = inner, breaker, metrics
         self.name = inner.name
+        metrics.resends.labels(self.name).set_function(lambda: float(getattr(inner, "resent", 0)))
         self._probe: asyncio.Task[None] | None = None
         self.probes = 0  # health probes started by failures (a test reads it)
 
