@@ -57,6 +57,11 @@ class GuardMetrics:
             ["engine"],
             registry=registry,
         )
+        self.idle_ended = Counter(
+            "rollyard_gateway_programs_idle_ended",
+            "Programs terminated after idling longer than the program TTL (never finished)",
+            registry=registry,
+        )
         self.throttled = Counter(
             "rollyard_gateway_programs_throttled",
             "Programs throttled by their error budget",

@@ -80,6 +80,11 @@ class Gateway:
         self.conversations.pop(program_id, None)
         self._locks.pop(program_id, None)
 
+    def busy(self, program_id: str) -> bool:
+        """A request of this program is being served (its turn lock is held)."""
+        lock = self._locks.get(program_id)
+        return lock is not None and lock.locked()
+
     def _mirror_decision(self, d: Pause | Restore) -> None:
         """Show the scheduler's pauses in the program table (``GET /programs``, /metrics)."""
         try:
