@@ -3,15 +3,19 @@
 A ``rollyard gateway`` process in front of a real vLLM: ``PROGRAMS`` programs registered up
 front, ``CONCURRENCY`` clients on keep-alive connections each running multi-turn
 conversations (streaming and not, alternating), finishing a program after ``TURNS`` turns and
-registering a new one (so finished programs' state must be freed). Meanwhile one client sends
-a 10 MB body every ~2 s (declared, then chunked: both must be refused with 413) and another
-polls ``/health`` every 50 ms.
+registering a new one (so finished programs' state must be freed); every 10th program is
+abandoned unfinished, as by a crashed client, and the gateway runs with a 15 s program idle TTL
+(``--program-idle-ttl-s``), which must end them. Meanwhile one client sends a 10 MB body every
+~2 s (declared, then chunked: both must be refused with 413) and a process of its own polls
+``/health`` every 50 ms.
 
 Reported: requests, errors (a status other than 200, or an error event in a stream), resets
 (a connection closed before any status), latency p50/p99, the gateway's RSS growth after
 warm-up (the first third of the run), and ``/health`` p99 while a 10 MB body was being
-refused; the baseline beside it is ``/health`` p99 at other times. The load average is
-recorded: on the shared 2-core machine the engine, the gateway and this client share cores.
+refused; the baseline beside it is ``/health`` p99 at other times; from the gateway's
+``/metrics``: programs ended by the idle TTL, engine requests resent after a dropped kept-alive
+connection, engine calls retried, breaker openings. The load average is recorded: on the
+shared 2-core machine the engine, the gateway and this client share cores.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from rollyard.bench._report import report
 from rollyard.bench.gateway import ADMIN, _engine, _gateway, _pct
 
 PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
+ABANDON_EVERY = 10  # every 10th program of a client is never finished
+IDLE_TTL_S = 15  # the gateway's --program-idle-ttl-s here: abandoned programs end within the run
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -65,6 +71,7 @@ def _gauges(url: str) -> dict[str, float]:
         "engine_retries": "rollyard_gateway_engine_retries_total",
         "engine_resends": "rollyard_engine_resends{",
         "breaker_opens": "rollyard_engine_breaker_opens_total{",
+        "programs_idle_ended": "rollyard_gateway_programs_idle_ended_total",
     }
     return {
         k: sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix))
@@ -83,6 +90,7 @@ class Soak:
         self.health: list[tuple[float, float]] = []  # (at, seconds)
         self.keys: list[str] = []
         self.finished = 0
+        self.abandoned = 0
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -135,11 +143,14 @@ class Soak:
                 if answer is None or time.perf_counter() >= self.until:
                     break
                 msgs.append({"role": "assistant", "content": answer})
+            n += 1
+            if n % ABANDON_EVERY == 0:  # a crashed client: never finished (the idle TTL ends it)
+                self.abandoned += 1
+                continue
             async with self.s.post(
                 f"{self.url}/programs/{pid}/finish", json={"status": "success"}, headers={"x-api-key": ADMIN}
             ) as r:
                 self.finished += r.status == 200
-            n += 1
 
     async def poll_health(self) -> None:
         """``/health`` every 50 ms from a process of its own: the 256 clients' event loop here
@@ -230,6 +241,7 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         "big_bodies_sent": len(soak.big_windows),
         "programs_registered": programs,
         "programs_finished": soak.finished,
+        "programs_abandoned": soak.abandoned,
         "register_s": register_s,
         "seconds": wall,
         **gauges,
@@ -240,7 +252,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     seconds = 20.0 if quick else 90.0
     programs, concurrency = (200, 64) if quick else (PROGRAMS, CONCURRENCY)
     load_before = os.getloadavg()
-    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir) as (url, pid):
+    ttl = ["--program-idle-ttl-s", str(IDLE_TTL_S)]
+    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir, ttl) as (url, pid):
         res = asyncio.run(_run(url, pid, seconds, programs, concurrency))
     res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
     res["concurrency"] = concurrency
@@ -254,5 +267,8 @@ def main(quick: bool = False) -> dict[str, Any]:
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
         "load1": res["loadavg_after"][0],
+        "idle_ended": res["programs_idle_ended"],
+        "engine_resends": res["engine_resends"],
+        "engine_retries": res["engine_retries"],
     }
     return report("soak", summary, res)
