@@ -44,7 +44,11 @@ log = logging.getLogger(__name__)
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 # What a connection closed or reset under a request looks like before any response byte.
 _DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
-_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+# A loopback connect is completed by the kernel even when the engine's process is starved, so
+# a connect that outlasts these is the gateway's own loop lagging (seen: 5 s was exceeded under
+# a 256-client soak at load 15 on 2 cores, and failed requests of a healthy engine).
+_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=15.0)
+_CONNECT_TIMEOUT_S = 30.0
 
 
 def _dumps(obj: Any) -> str:
@@ -93,7 +97,9 @@ class VLLMBackend:
         # client's seed is dropped unless the engine is known to be safe (CUDA builds).
         self.send_seed = send_seed
         self._worker_ext: bool | None = None
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s
+        )
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # no connection reuse: for resends
         self._session_loop: asyncio.AbstractEventLoop | None = None
