@@ -2,8 +2,10 @@
 
 It wraps any ``Backend``. A connection-level failure (``EngineUnavailable``: refused, reset,
 timed out, stats poll failed) counts against the engine's breaker and starts one health probe
-of the engine: the breaker opens when the probe fails or after ``threshold`` consecutive
-failures, not on one request's dropped connection while the engine answers everyone else.
+of the engine; failures while that probe runs are the same incident and are not counted. The
+breaker opens when the probe fails, or after ``threshold`` counted failures with no successful
+call between them, not on one request's dropped connection (or a burst of them, as a stalled
+event loop gives) while the engine answers its health check and everyone else.
 While open, every call fails at once with ``EngineUnavailable(retry_after_s=...)`` without
 touching the engine, including the pool's stats poll, so the pool cannot mark the engine
 healthy before the backoff ends. The first call after it is a probe: success closes the
@@ -102,6 +104,8 @@ class GuardedBackend:
         return self.breaker.wait_s() > 0
 
     def _failed(self, e: EngineUnavailable) -> None:
+        if self._probe is not None and not self._probe.done():
+            return  # the same incident as the failure whose probe is under way: it decides
         opens = self.breaker.opens
         backoff = self.breaker.failure()
         if self.breaker.opens != opens:
