@@ -35,7 +35,7 @@ class CuttingProxy:
     """Relays TCP to the engine; ``arm("request")`` closes the next connection that carries a
     completion request before relaying it (aiohttp itself resends an idempotent GET, so only a
     POST shows the gateway's resend), ``arm("stream")`` closes the next one whose answer carries a
-    stream event, right after relaying that event."""
+    stream event, right after relaying that first event."""
 
     def __init__(self, target: str) -> None:
         u = urlparse(target)
@@ -79,10 +79,14 @@ class CuttingProxy:
 
         async def down() -> None:
             while data := await sr.read(65536):
+                at = data.find(b"data: {")
+                if at >= 0 and self._cut("stream"):
+                    end = data.find(b"\n\n", at)  # relay the first event only: the answer is cut
+                    cw.write(data[: end + 2] if end >= 0 else data)  # even if it all came at once
+                    await cw.drain()
+                    return
                 cw.write(data)
                 await cw.drain()
-                if b"data: {" in data and self._cut("stream"):
-                    return
 
         with contextlib.suppress(ConnectionError):
             _, pending = await asyncio.wait(

@@ -215,9 +215,10 @@ class Gateway:
         before: int = 0,
         left_after: int = 0,
     ) -> AsyncIterator[TextDelta | Generated]:
-        """One engine call, retried once when its connection fails before the first token.
+        """One engine call, retried once when its connection fails before any of its text
+        reached the caller (tokens still held back, e.g. a partial character, are dropped).
 
-        Nothing was generated for the caller then, so the retry is safe and the journal stays
+        Nothing generated was shown or recorded then, so the retry is safe and the journal stays
         exact; it goes wherever the scheduler sends it (the same engine when that one is still
         healthy). The engine is routed around only when its breaker holds it out (its health
         probe failed, or failures repeated): one dropped connection does not take it away from
@@ -233,7 +234,7 @@ class Gateway:
             )
             started = self.clock.now()
             program.phase, program.engine = ProgramPhase.REASONING, dispatch.engine
-            streamed = len(streamer.ids)
+            mark = streamer.mark()
             try:
                 backend = self.pool.backends[dispatch.engine]
                 if request.stream:
@@ -251,7 +252,8 @@ class Gateway:
                 usable = await backend.verdict() if isinstance(backend, GuardedBackend) else False
                 if not usable:
                     self.pool.mark_down(dispatch.engine, e.message)
-                if attempt == 1 or len(streamer.ids) > streamed or not self.pool.scheduler.healthy_engines():
+                shown = not streamer.rewind(mark)  # text of this attempt reached the caller
+                if attempt == 1 or shown or not self.pool.scheduler.healthy_engines():
                     self.metrics.requests.labels(request.api, "engine_unavailable").inc()
                     raise
                 log.info("engine call retried engine=%s reason=%s", dispatch.engine, e.message[:200])
