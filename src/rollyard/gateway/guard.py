@@ -77,7 +77,6 @@ class GuardedBackend:
         self.name = inner.name
         metrics.resends.labels(self.name).set_function(lambda: float(getattr(inner, "resent", 0)))
         self._probe: asyncio.Task[None] | None = None
-        self.probes = 0  # health probes started by failures (a test reads it)
 
     def __getattr__(self, attr: str) -> Any:  # everything not guarded: the engine's own
         return getattr(self.inner, attr)
@@ -120,7 +119,6 @@ class GuardedBackend:
 
     def _start_probe(self, why: str) -> None:
         if self._probe is None or self._probe.done():
-            self.probes += 1
             self._probe = asyncio.get_running_loop().create_task(self._check(why))
 
     async def _check(self, why: str) -> None:
