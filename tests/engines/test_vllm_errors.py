@@ -8,6 +8,7 @@ unavailable. A hanging engine times out cleanly.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -135,3 +136,71 @@ async def test_a_hanging_engine_times_out_cleanly(engine: tuple[str, dict]) -> N
         assert c.token_ids == [5]
     finally:
         await b.aclose()
+
+
+COMPLETION = (
+    '{"choices":[{"token_ids":[5,6],"finish_reason":"stop","logprobs":{"token_logprobs":[-0.5,-0.25]}}]}'
+)
+
+
+@pytest.fixture
+async def racy() -> AsyncIterator[tuple[str, list[str]]]:
+    """A raw HTTP/1.1 engine that closes a kept-alive connection as its second request arrives
+    (the idle race: the server closed just as the client reused it), or with ``cut`` in the
+    script, after sending the head of the answer. Answers everything else."""
+    log: list[str] = []  # one entry per request: "<connection>:<n>:<path>"
+    conns = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal conns
+        conns += 1
+        me, n = conns, 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                sizes = [int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")]
+                size = sizes[0] if sizes else 0
+                await reader.readexactly(size)
+                n += 1
+                path = lines[0].split()[1]
+                log.append(f"{me}:{n}:{path}")
+                body = (json.dumps(MODELS) if path == "/v1/models" else COMPLETION).encode()
+                if n == 2 and "cut" not in log:
+                    break  # closed without a byte of answer
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                if "cut" in log and path == "/v1/completions":
+                    writer.write(b"content-length: %d\r\n\r\n" % len(body) + body[:10])
+                    await writer.drain()
+                    break  # closed in the middle of the answer
+                writer.write(b"content-length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    port = free_port()
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    yield f"http://127.0.0.1:{port}", log
+    server.close()
+
+
+async def test_a_kept_alive_connection_closed_as_it_is_reused_is_resent_once(racy: tuple) -> None:
+    url, log = racy
+    b = VLLMBackend(url, name="e")
+    await b.model_name()  # connection 1, kept alive
+    out = await b.generate([1, 2, 3], P)  # reuses it: closed unanswered, then resent on a new one
+    assert out.token_ids == [5, 6] and b.resent == 1
+    assert log == ["1:1:/v1/models", "1:2:/v1/completions", "2:1:/v1/completions"]
+    await b.aclose()
+
+
+async def test_a_connection_cut_after_the_answer_began_is_not_resent(racy: tuple) -> None:
+    url, log = racy
+    log.append("cut")
+    b = VLLMBackend(url, name="e")
+    await b.model_name()
+    with pytest.raises(EngineUnavailable):
+        await b.generate([1, 2, 3], P)
+    assert b.resent == 0 and sum("/v1/completions" in x for x in log) == 1
+    await b.aclose()

@@ -59,6 +59,16 @@ def test_anthropic_errors_use_the_anthropic_shape(client: TestClient) -> None:
     assert status == 400 and err["error"]["type"] == "invalid_request_error"
 
 
+def test_an_anthropic_user_block_of_an_unsupported_type_is_400(client: TestClient) -> None:
+    """Found by schemathesis: the refusal itself crashed (500) on the block's type."""
+    key = new_program(client)["api_key"]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    status, err = post(
+        client, MSGS, key, {"max_tokens": 5, "messages": [{"role": "user", "content": [image]}]}
+    )
+    assert status == 400 and "image" in err["error"]["message"], err
+
+
 def test_prompt_over_the_context_limit_is_400_context_length_exceeded(client: TestClient) -> None:
     key = new_program(client, context_limit=20)["api_key"]
     status, err = post(client, CHAT, key, {"messages": [{"role": "user", "content": "word " * 50}]})

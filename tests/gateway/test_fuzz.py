@@ -8,9 +8,11 @@ next request on the same keep-alive connection must succeed, and the app must be
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -248,6 +250,32 @@ def test_oversized_body_is_413_in_the_dialect_and_app_stays_healthy(http: httpx.
     with httpx.Client(base_url=server, headers=dict(http.headers)) as c:
         r = c.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text[:200]
+    assert http.get("/health").json()["status"] == "ok"
+
+
+def test_an_endless_chunked_upload_is_refused_and_cut_off(http: httpx.Client, server: str) -> None:
+    """Once over the limit the gateway answers 413 and closes: it does not read on forever."""
+    host, port = server.removeprefix("http://").split(":")
+    key = http.headers["x-api-key"]
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nx-api-key: {key}\r\n"
+        "content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    chunk = b"10000\r\n" + b"x" * 0x10000 + b"\r\n"
+    sent, answer = 0, b""
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode())
+        try:
+            while sent < 100_000_000:  # 100x the limit: the gateway must stop it long before
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:  # reset or broken pipe: the gateway closed the connection
+            pass
+        with contextlib.suppress(OSError):
+            while data := sock.recv(65536):
+                answer += data
+    assert sent < 20_000_000, sent
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert http.get("/health").json()["status"] == "ok"
 
 

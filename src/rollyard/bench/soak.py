@@ -3,15 +3,19 @@
 A ``rollyard gateway`` process in front of a real vLLM: ``PROGRAMS`` programs registered up
 front, ``CONCURRENCY`` clients on keep-alive connections each running multi-turn
 conversations (streaming and not, alternating), finishing a program after ``TURNS`` turns and
-registering a new one (so finished programs' state must be freed). Meanwhile one client sends
-a 10 MB body every ~2 s (declared, then chunked: both must be refused with 413) and another
-polls ``/health`` every 50 ms.
+registering a new one (so finished programs' state must be freed); every 10th program is
+abandoned unfinished, as by a crashed client (its state stays until the program idle TTL,
+``--program-idle-ttl-s``, here longer than the run: see ``IDLE_TTL_S``). Meanwhile one client
+sends a 10 MB body every ~2 s (declared, then chunked: both must be refused with 413) and a
+process of its own polls ``/health`` every 50 ms.
 
 Reported: requests, errors (a status other than 200, or an error event in a stream), resets
 (a connection closed before any status), latency p50/p99, the gateway's RSS growth after
 warm-up (the first third of the run), and ``/health`` p99 while a 10 MB body was being
-refused; the baseline beside it is ``/health`` p99 at other times. The load average is
-recorded: on the shared 2-core machine the engine, the gateway and this client share cores.
+refused; the baseline beside it is ``/health`` p99 at other times; from the gateway's
+``/metrics``: programs ended by the idle TTL, engine requests resent after a dropped kept-alive
+connection, engine calls retried, breaker openings. The load average is recorded: on the
+shared 2-core machine the engine, the gateway and this client share cores.
 """
 
 from __future__ import annotations
@@ -19,19 +23,28 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import multiprocessing
 import os
 import random
 import statistics
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 
 from rollyard.bench._report import report
 from rollyard.bench.gateway import ADMIN, _engine, _gateway, _pct
 
 PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
+ABANDON_EVERY = 10  # every 10th program of a client is never finished
+# The gateway's --program-idle-ttl-s here. Programs registered up front wait idle for their
+# client's turn (minutes at load 25: a 15 s TTL ended 751 of them, and their clients got 409),
+# so the TTL is above the run's length: abandoned programs stay; tests/gateway/test_idle*.py
+# show the TTL ending them.
+IDLE_TTL_S = 300
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -41,6 +54,33 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _poll_health(url: str, until: float, out: Connection) -> None:
+    """Child process: (at, seconds) of each ``/health`` until ``until``, sent back on ``out``."""
+    samples: list[tuple[float, float]] = []
+    with httpx.Client(timeout=30) as c:
+        while time.perf_counter() < until:
+            t = time.perf_counter()
+            c.get(f"{url}/health")
+            samples.append((t, time.perf_counter() - t))
+            time.sleep(0.05)
+    out.send(samples)
+
+
+def _gauges(url: str) -> dict[str, float]:
+    """The gateway's own count of engine retries, resends and breaker openings."""
+    text = httpx.get(f"{url}/metrics", headers={"x-api-key": ADMIN}).text
+    names = {
+        "engine_retries": "rollyard_gateway_engine_retries_total",
+        "engine_resends": "rollyard_engine_resends{",
+        "breaker_opens": "rollyard_engine_breaker_opens_total{",
+        "programs_idle_ended": "rollyard_gateway_programs_idle_ended_total",
+    }
+    return {
+        k: sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix))
+        for k, prefix in names.items()
+    }
 
 
 class Soak:
@@ -54,6 +94,7 @@ class Soak:
         self.health: list[tuple[float, float]] = []  # (at, seconds)
         self.keys: list[str] = []
         self.finished = 0
+        self.abandoned = 0
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -106,20 +147,26 @@ class Soak:
                 if answer is None or time.perf_counter() >= self.until:
                     break
                 msgs.append({"role": "assistant", "content": answer})
+            n += 1
+            if n % ABANDON_EVERY == 0:  # a crashed client: never finished (the idle TTL ends it)
+                self.abandoned += 1
+                continue
             async with self.s.post(
                 f"{self.url}/programs/{pid}/finish", json={"status": "success"}, headers={"x-api-key": ADMIN}
             ) as r:
                 self.finished += r.status == 200
-            n += 1
 
     async def poll_health(self) -> None:
-        async with aiohttp.ClientSession() as s:
-            while time.perf_counter() < self.until:
-                t = time.perf_counter()
-                async with s.get(f"{self.url}/health") as r:
-                    await r.read()
-                self.health.append((t, time.perf_counter() - t))
-                await asyncio.sleep(0.05)
+        """``/health`` every 50 ms from a process of its own: the 256 clients' event loop here
+        would add its own lag to every sample (it did: p99 0.7 s with no big body in flight)."""
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        # perf_counter is CLOCK_MONOTONIC on Linux: the child's timestamps are comparable.
+        proc = ctx.Process(target=_poll_health, args=(self.url, self.until, child), daemon=True)
+        proc.start()
+        child.close()
+        self.health = await asyncio.to_thread(parent.recv)
+        await asyncio.to_thread(proc.join, 10)
 
     async def send_big(self, key: str) -> None:
         blob = json.dumps({"messages": [{"role": "user", "content": "x" * BIG}]}).encode()
@@ -175,6 +222,7 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
             sample_rss(),
         )
         wall = time.perf_counter() - start
+    gauges = await asyncio.to_thread(_gauges, url)
     warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
     during = [d for at, d in soak.health if any(a <= at <= b for a, b in soak.big_windows)]
     other = [d for at, d in soak.health if not any(a <= at <= b for a, b in soak.big_windows)]
@@ -197,8 +245,10 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         "big_bodies_sent": len(soak.big_windows),
         "programs_registered": programs,
         "programs_finished": soak.finished,
+        "programs_abandoned": soak.abandoned,
         "register_s": register_s,
         "seconds": wall,
+        **gauges,
     }
 
 
@@ -206,7 +256,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     seconds = 20.0 if quick else 90.0
     programs, concurrency = (200, 64) if quick else (PROGRAMS, CONCURRENCY)
     load_before = os.getloadavg()
-    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir) as (url, pid):
+    ttl = ["--program-idle-ttl-s", str(IDLE_TTL_S)]
+    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir, ttl) as (url, pid):
         res = asyncio.run(_run(url, pid, seconds, programs, concurrency))
     res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
     res["concurrency"] = concurrency
@@ -220,5 +271,8 @@ def main(quick: bool = False) -> dict[str, Any]:
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
         "load1": res["loadavg_after"][0],
+        "idle_ended": res["programs_idle_ended"],
+        "engine_resends": res["engine_resends"],
+        "engine_retries": res["engine_retries"],
     }
     return report("soak", summary, res)

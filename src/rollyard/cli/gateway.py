@@ -36,6 +36,9 @@ def gateway(
         20, help="failed requests per minute before a program gets 429 (0: off)"
     ),
     engine_timeout_s: float = typer.Option(600.0, help="an engine call silent this long fails (503)"),
+    program_idle_ttl_s: float = typer.Option(
+        3600.0, min=0, help="terminate a program idle this long (status idle_timeout; 0: never)"
+    ),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
@@ -46,6 +49,7 @@ def gateway(
         open_metrics=open_metrics,
         error_budget=error_budget,
         engine_timeout_s=engine_timeout_s,
+        program_idle_ttl_s=program_idle_ttl_s,
     )
 
     serve(

@@ -124,6 +124,9 @@ class VLLMServer:
             VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc (weight reload)
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
+        # Idle keep-alive connections outlive the gateway's (4 s) by far: with uvicorn's 5 s a
+        # busy gateway loop reused connections the engine had just closed (see engines.vllm).
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
         env.update(self.drafting.environment())
         if not has_cuda_gpu():
             cpus = os.cpu_count() or 1

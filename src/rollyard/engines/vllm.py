@@ -9,6 +9,16 @@ The HTTP client is aiohttp, chosen by measurement (``rollyard bench gateway``): 
 concurrent requests httpx's connection pool cost ~3 ms CPU per request and capped a loopback
 server at ~60 req/s, aiohttp ~0.25 ms and ~500 req/s (encode/httpx#3215). Its session is
 bound to an event loop, so one is opened lazily per loop the backend is used from.
+
+Keep-alive: an idle connection the server closes just as the gateway reuses it fails the next
+request before any response byte (the HTTP/1.1 idle race). aiohttp measures idleness from when
+the gateway *finished reading* a response, and notices the server's close only when its event
+loop next runs, so a busy gateway loop (seconds of lag under a 256-client soak on 2 shared
+cores) eats the 1 s margin between its keep-alive (4 s) and uvicorn's (vLLM: 5 s). Two
+defences: engines rollyard launches keep idle connections far longer
+(``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, see the launcher), and a request whose connection fails
+before any response byte is sent once more on a new connection (nothing was answered, so
+resending cannot duplicate anything the caller saw).
 """
 
 from __future__ import annotations
@@ -32,7 +42,13 @@ from rollyard.engines.metrics import parse_vllm_metrics
 log = logging.getLogger(__name__)
 
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+# What a connection closed or reset under a request looks like before any response byte.
+_DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
+# A loopback connect is completed by the kernel even when the engine's process is starved, so
+# a connect that outlasts these is the gateway's own loop lagging (seen: 5 s was exceeded under
+# a 256-client soak at load 15 on 2 cores, and failed requests of a healthy engine).
+_HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=15.0)
+_CONNECT_TIMEOUT_S = 30.0
 
 
 def _dumps(obj: Any) -> str:
@@ -81,26 +97,57 @@ class VLLMBackend:
         # client's seed is dropped unless the engine is known to be safe (CUDA builds).
         self.send_seed = send_seed
         self._worker_ext: bool | None = None
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s
+        )
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # no connection reuse: for resends
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self.resent = 0  # requests resent after their connection dropped before any answer
 
-    def _client(self) -> aiohttp.ClientSession:
-        """The session for the running loop (a new one when the backend moves to another loop)."""
+    def _client(self, fresh: bool = False) -> aiohttp.ClientSession:
+        """The session for the running loop (new ones when the backend moves to another loop);
+        ``fresh``: the one that opens a new connection for every request."""
         loop = asyncio.get_running_loop()
-        s = self._session
-        if s is None or s.closed or self._session_loop is not loop:
-            if s is not None and not s.closed:
-                s.detach()  # its loop is gone; its connections went with it
-            # Idle connections are dropped before vLLM's uvicorn does (5 s): reusing one the server
-            # just closed would fail a non-idempotent POST.
-            connector = aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=4.0)
+        if self._session_loop is not loop or self._session is None or self._session.closed:
+            for old in (self._session, self._fresh):
+                if old is not None and not old.closed:
+                    old.detach()  # its loop is gone; its connections went with it
+            # Idle connections are dropped before vLLM's uvicorn does (5 s by default).
             # pydantic-core's serializer: ~5x json.dumps on a body that is mostly prompt ids.
-            s = self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, json_serialize=_dumps
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=4.0),
+                timeout=self._timeout,
+                json_serialize=_dumps,
             )
+            self._fresh = None
             self._session_loop = loop
-        return s
+        if not fresh:
+            return self._session
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=self._timeout,
+                json_serialize=_dumps,
+            )
+        return self._fresh
+
+    async def _send(self, method: str, path: str, **kw: Any) -> aiohttp.ClientResponse:
+        """The response to one request (the caller releases it: ``async with``). A connection
+        that drops before any response byte (a kept-alive one the server closed as it was
+        reused) is not the engine failing: the request is sent once more on a new connection."""
+        try:
+            return await self._client().request(method, self.url + path, **kw)
+        except _DROPPED as e:
+            self.resent += 1
+            log.info(
+                "engine=%s resending %s %s: connection dropped before any answer: %r",
+                self.name,
+                method,
+                path,
+                e,
+            )
+            return await self._client(fresh=True).request(method, self.url + path, **kw)
 
     @property
     def policy_version(self) -> int:
@@ -115,7 +162,7 @@ class VLLMBackend:
         poll, a 5xx means the engine is not healthy.
         """
         try:
-            async with self._client().request(method, self.url + path, **kw) as resp:
+            async with await self._send(method, path, **kw) as resp:
                 status, text = resp.status, await resp.text()
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}: {e}") from e
@@ -229,7 +276,7 @@ class VLLMBackend:
         body = await self.completion_body(prompt_ids, params, stream=True)
         version = self._version
         try:
-            async with self._client().post(self.url + "/v1/completions", json=body) as resp:
+            async with await self._send("POST", "/v1/completions", json=body) as resp:
                 if resp.status >= 300:
                     self._raise_status(resp.status, await resp.text(), "/v1/completions", answer=True)
                 async for raw in resp.content:  # one SSE line at a time
@@ -273,7 +320,7 @@ class VLLMBackend:
 
     async def health(self) -> bool:
         try:
-            async with self._client().get(self.url + "/health", timeout=_HEALTH_TIMEOUT) as resp:
+            async with await self._send("GET", "/health", timeout=_HEALTH_TIMEOUT) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
@@ -310,8 +357,9 @@ class VLLMBackend:
     async def _has_worker_ext(self) -> bool:
         if self._worker_ext is None:
             try:
-                async with self._client().post(
-                    self.url + "/collective_rpc",
+                async with await self._send(
+                    "POST",
+                    "/collective_rpc",
                     json={"method": "rollyard_weights_digest"},
                     timeout=aiohttp.ClientTimeout(total=60.0),
                 ) as resp:
@@ -321,9 +369,10 @@ class VLLMBackend:
         return self._worker_ext
 
     async def aclose(self) -> None:
-        if self._session is not None and not self._session.closed:
-            if self._session_loop is asyncio.get_running_loop():
-                await self._session.close()
-            else:
-                self._session.detach()
-        self._session = None
+        for s in (self._session, self._fresh):
+            if s is not None and not s.closed:
+                if self._session_loop is asyncio.get_running_loop():
+                    await s.close()
+                else:
+                    s.detach()
+        self._session = self._fresh = None

@@ -23,6 +23,7 @@ from rollyard.gateway.breaker import CircuitBreaker, ErrorBudget
 from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
 from rollyard.gateway.guard import GuardedBackend, GuardMetrics
+from rollyard.gateway.idle import IdlePrograms, reap_forever
 from rollyard.gateway.limits import BodyLimit
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
@@ -69,7 +70,8 @@ def create_app(
 
     ``limits`` (``GatewayLimits``): bodies over ``max_body_bytes`` get a 413 before they are
     read whole; ``/metrics`` needs the admin token unless ``open_metrics``; each engine sits
-    behind a circuit breaker (``guard.GuardedBackend``) and each program has an error budget.
+    behind a circuit breaker (``guard.GuardedBackend``) and each program has an error budget;
+    programs idle longer than ``program_idle_ttl_s`` are terminated (``idle.IdlePrograms``).
     """
     limits = limits or GatewayLimits()
     guard = GuardMetrics(gateway.metrics.registry)
@@ -81,6 +83,9 @@ def create_app(
     gateway.renderer.offload_chars = limits.offload_chars
     budget = ErrorBudget(gateway.clock, limits.error_budget, limits.error_window_s, limits.error_cooldown_s)
     gateway.programs.on_terminate(lambda p: budget.forget(p.id))
+    idle = IdlePrograms(gateway.clock, limits.program_idle_ttl_s)
+    gateway.programs.on_create(lambda p: idle.touch(p.id))
+    gateway.programs.on_terminate(lambda p: idle.forget(p.id))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -88,6 +93,7 @@ def create_app(
         tasks = [
             asyncio.create_task(gateway.pool.poll_forever(poll_interval_s)),
             asyncio.create_task(gateway.pool.tick_forever()),
+            asyncio.create_task(reap_forever(idle, gateway.programs, gateway.busy, guard.idle_ended.inc)),
         ]
         try:
             yield
@@ -103,6 +109,7 @@ def create_app(
     app = FastAPI(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
     app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
+    app.state.idle = idle
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
     app.include_router(routes_meta.router)

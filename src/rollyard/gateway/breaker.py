@@ -1,9 +1,12 @@
 """Two small pure policies that keep one failure from spreading (clocks injected).
 
-``CircuitBreaker`` (per engine): an engine whose connection fails is held out of routing for
-a backoff that doubles with each further failure (``base_s`` .. ``max_s``) and resets on the
-first success. Only connection-level failures (refused, reset, timed out, failed health poll)
-feed it: an engine that *answers* with an error is alive, and the error belongs to the request.
+``CircuitBreaker`` (per engine): an engine is held out of routing after ``threshold``
+consecutive connection failures, or at once when a health probe fails (``trip``), for a backoff
+that doubles with each further opening (``base_s`` .. ``max_s``) and resets on the first
+success. One request's dropped connection is not an outage: while other requests (or the probe
+it triggers) succeed, the count resets and every other program keeps its engine. Only
+connection-level failures (refused, reset, timed out, failed health poll) feed it: an engine
+that *answers* with an error is alive, and the error belongs to the request.
 
 ``ErrorBudget`` (per program): a program whose requests failed ``max_errors`` times within
 ``window_s`` is refused (429) for ``cooldown_s``; other programs are not affected. State is
@@ -23,27 +26,44 @@ class CircuitBreaker:
     clock: Clock
     base_s: float = 1.0
     max_s: float = 30.0
+    threshold: int = 3  # consecutive connection failures that open a closed breaker
     failures: int = 0  # consecutive
     open_until: float = 0.0
     opens: int = 0  # times it opened (a metric)
+    streak: int = 0  # openings since the last success (sets the backoff)
 
     def failure(self) -> float:
-        """Record a connection failure; returns the backoff now in force (seconds).
+        """Record a connection failure; returns the backoff now in force (0: still closed).
 
         Failures while already open are the same incident (many requests in flight when the
-        connection broke): they do not lengthen the backoff. Only a failed probe does.
+        connection broke): they do not lengthen the backoff. A failed probe (the first call
+        after a backoff) reopens at once, for twice as long.
         """
         now = self.clock.now()
         if now < self.open_until:
             return self.open_until - now
         self.failures += 1
-        backoff = min(self.max_s, self.base_s * 2 ** (self.failures - 1))
+        if not self.streak and self.failures < self.threshold:
+            return 0.0
+        return self._open(now)
+
+    def trip(self) -> float:
+        """Open now, whatever the count (a health probe failed); returns the backoff in force."""
+        now = self.clock.now()
+        if now < self.open_until:
+            return self.open_until - now
+        self.failures += 1
+        return self._open(now)
+
+    def _open(self, now: float) -> float:
+        self.streak += 1
+        backoff = min(self.max_s, self.base_s * 2 ** (self.streak - 1))
         self.open_until = now + backoff
         self.opens += 1
         return backoff
 
     def success(self) -> None:
-        self.failures, self.open_until = 0, 0.0
+        self.failures, self.streak, self.open_until = 0, 0, 0.0
 
     def wait_s(self) -> float:
         """Seconds until a probe may pass (0: closed, or half-open)."""
@@ -51,7 +71,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> str:
-        if not self.failures:
+        if not self.streak:
             return "closed"
         return "open" if self.wait_s() > 0 else "half_open"
 

@@ -58,6 +58,7 @@ async def caller(request: Request) -> Program:
         raise NotFound("no such program (program ids are letters, digits, '_', '-' and inner dots)")
     program = gateway(request).programs.authenticate(api_key(request), pid)
     request.state.program_id = program.id
+    request.app.state.idle.touch(program.id)
     wait = request.app.state.budget.wait_s(program.id)
     if wait > 0:
         raise RateLimited(

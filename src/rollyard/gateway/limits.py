@@ -1,11 +1,12 @@
 """Bounded, strict request bodies: a size limit checked while reading, and strict JSON.
 
 The limit is enforced twice: a declared ``Content-Length`` over it is refused before a byte
-is read, and a chunked body is counted as it arrives, so a 10 MB upload costs the gateway
-at most the limit. The JSON is parsed by pydantic-core (jiter): invalid UTF-8, lone UTF-16
-surrogates (``"\\ud800"``), ``NaN``/``Infinity`` and nesting deeper than 200 levels are
-refused there as invalid JSON (400), where ``json.loads`` would accept them and let them
-crash whatever encodes the text later. It is also ~3x faster than ``json.loads``.
+is read, and a chunked body is counted as it arrives and refused once over, with the
+connection closed, so an upload of any size costs the gateway at most the limit. The JSON
+is parsed by pydantic-core (jiter): invalid UTF-8, lone UTF-16 surrogates (``"\\ud800"``),
+``NaN``/``Infinity`` and nesting deeper than 200 levels are refused there as invalid JSON
+(400), where ``json.loads`` would accept them and let them crash whatever encodes the text
+later. It is also ~3x faster than ``json.loads``.
 """
 
 from __future__ import annotations
@@ -83,4 +84,11 @@ class BodyLimit:
                     raise HTTPException(413, _too_large(limit))
             return message
 
-        await self.app(scope, counted, send)
+        async def closing(message: Message) -> None:
+            # Refused mid-body: close the connection after the answer, or the server would go
+            # on reading (and discarding) whatever the client still sends, without end.
+            if message["type"] == "http.response.start" and seen > limit:
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, counted, closing)

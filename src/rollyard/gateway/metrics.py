@@ -62,6 +62,11 @@ class GatewayMetrics:
             "rollyard_gateway_context_rewrites", "History rewrites (new segments)", registry=r
         )
         self.malformed = Counter("rollyard_gateway_malformed_tool_calls", "Malformed tool calls", registry=r)
+        self.retries = Counter(
+            "rollyard_gateway_engine_retries",
+            "Engine calls retried after their connection failed before the first token",
+            registry=r,
+        )
 
         self._token_kinds = [self.tokens.labels(k) for k in ("prompt", "reused", "completion")]
         self._by_api: dict[str, tuple[Counter, Histogram]] = {}

@@ -46,7 +46,7 @@ def _user(blocks: list[Block], where: str) -> list[Message]:
         elif b["type"] == "text":
             text.append(b)
         else:
-            raise InvalidRequest(f"{where}[{i}]: block type {b.type!r} is not supported in a user message")
+            raise InvalidRequest(f"{where}[{i}]: block type {b['type']!r} is not supported in a user message")
     if text:
         out.append(Message("user", text_of(text, where)))
     return out

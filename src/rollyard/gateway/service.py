@@ -23,6 +23,7 @@ from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
 from rollyard.engines.base import Completion
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
+from rollyard.gateway.guard import GuardedBackend
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
@@ -78,6 +79,11 @@ class Gateway:
         """Free a finished program's in-memory state (its turns stay in the journal)."""
         self.conversations.pop(program_id, None)
         self._locks.pop(program_id, None)
+
+    def busy(self, program_id: str) -> bool:
+        """A request of this program is being served (its turn lock is held)."""
+        lock = self._locks.get(program_id)
+        return lock is not None and lock.locked()
 
     def _mirror_decision(self, d: Pause | Restore) -> None:
         """Show the scheduler's pauses in the program table (``GET /programs``, /metrics)."""
@@ -209,10 +215,16 @@ class Gateway:
         before: int = 0,
         left_after: int = 0,
     ) -> AsyncIterator[TextDelta | Generated]:
-        """One engine call (one retry on another engine if the first dies before streaming).
+        """One engine call, retried once when its connection fails before any of its text
+        reached the caller (tokens still held back, e.g. a partial character, are dropped).
 
-        Under divided rollout this is one chunk: ``before`` tokens were generated already and
-        ``left_after`` may follow, so the scheduler is told whether the request goes on."""
+        Nothing generated was shown or recorded then, so the retry is safe and the journal stays
+        exact; it goes wherever the scheduler sends it (the same engine when that one is still
+        healthy). The engine is routed around only when its breaker holds it out (its health
+        probe failed, or failures repeated): one dropped connection does not take it away from
+        every other program. Under divided rollout this is one chunk: ``before`` tokens were
+        generated already and ``left_after`` may follow, so the scheduler is told whether the
+        request goes on."""
         completion: Completion | None = None
         engine_s = 0.0
         dispatch: Start | None = None
@@ -222,7 +234,7 @@ class Gateway:
             )
             started = self.clock.now()
             program.phase, program.engine = ProgramPhase.REASONING, dispatch.engine
-            streamed = len(streamer.ids)
+            mark = streamer.mark()
             try:
                 backend = self.pool.backends[dispatch.engine]
                 if request.stream:
@@ -236,10 +248,16 @@ class Gateway:
                     completion = await backend.generate(prompt_ids, params)
                 break
             except EngineUnavailable as e:
-                self.pool.mark_down(dispatch.engine, e.message)
-                if attempt == 1 or len(streamer.ids) > streamed or not self.pool.scheduler.healthy_engines():
+                backend = self.pool.backends[dispatch.engine]
+                usable = await backend.verdict() if isinstance(backend, GuardedBackend) else False
+                if not usable:
+                    self.pool.mark_down(dispatch.engine, e.message)
+                shown = not streamer.rewind(mark)  # text of this attempt reached the caller
+                if attempt == 1 or shown or not self.pool.scheduler.healthy_engines():
                     self.metrics.requests.labels(request.api, "engine_unavailable").inc()
                     raise
+                log.info("engine call retried engine=%s reason=%s", dispatch.engine, e.message[:200])
+                self.metrics.retries.inc()
             finally:
                 engine_s += self.clock.now() - started
                 final = not continues(completion, params.max_tokens, left_after)

@@ -32,3 +32,6 @@ class GatewayLimits(BaseModel):
     keep_alive_s: int = Field(default=65, ge=1)
     # An engine call that sends nothing for this long fails (EngineUnavailable, retryable).
     engine_timeout_s: float = Field(default=600.0, gt=0)
+    # A program that makes no model request for this long is terminated (status idle_timeout)
+    # and its in-memory state freed, for clients that never call finish; 0: never.
+    program_idle_ttl_s: float = Field(default=3600.0, ge=0)

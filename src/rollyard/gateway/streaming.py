@@ -50,6 +50,20 @@ class TextStreamer:
         new, self.sent = safe[len(self.sent) :], safe
         return new
 
+    def mark(self) -> tuple[int, str, bool]:
+        """Where the stream stands, to ``rewind`` to if an engine call fails."""
+        return len(self.ids), self.sent, self.held
+
+    def rewind(self, mark: tuple[int, str, bool]) -> bool:
+        """Forget what was fed since ``mark`` if none of it was released as text (the caller saw
+        nothing of it, so the call may be made again); False when some text was released."""
+        n, sent, held = mark
+        if self.sent != sent:
+            return False
+        del self.ids[n:]
+        self.held = held
+        return True
+
     def rest(self, final_content: str) -> str:
         """The content still to send once the final message is known."""
         return final_content[len(self.sent) :] if final_content.startswith(self.sent) else ""
