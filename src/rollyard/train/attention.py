@@ -12,9 +12,9 @@ which packed tokens a token sees: its ancestors and itself. Formats per implemen
   blocks. torch 2.13 has no FlexAttention backward on CPU, so ``auto`` picks it on CUDA only.
 
 A chain (one unbranched sample) gets no mask at all: plain causal attention, the baseline.
-The memory rule for long trees lives in packing (``max_tree_tokens``): a tree longer than that is
-cut into DFS ranges forwarded with their ancestor path recomputed, which bounds the mask at
-``max_tree_tokens^2`` bytes.
+The memory rule for long trees lives in packing (``max_tree_tokens``, ``token_budget``): samples are
+cut into parts of at most that many tokens (shared prefixes recomputed per part), so a row's mask is
+bounded by ``token_budget^2`` bytes unless one sample alone is longer.
 """
 
 from __future__ import annotations
