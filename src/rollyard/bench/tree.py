@@ -1,11 +1,11 @@
 """``rollyard bench tree``: prefix-tree merged vs unmerged forward+backward, fp32, same workloads.
 
-(a) group: ``small`` model, one 1024-token prompt, 16 completions of 128 tokens (a GRPO group).
+(a) group: ``small`` model, one 512-token prompt, 16 completions of 64 tokens (a GRPO group).
 (b) multiturn: ``tiny`` model, 4 trajectories x 20 turns sharing a 256-token task prompt; each turn
     adds 32 completion and 32 tool-output tokens and every call is a sample whose prompt is the
     whole history so far (what a black-box agent's gateway records).
-Both are the earlier workloads at half their lengths (same token ratios, 6.0 and 13.66), so that a
-whole run fits in ~10 minutes on 2 cores.
+The earlier workloads at a quarter (group) and half (multiturn) of their lengths, with the same
+token ratios (6.0 and 13.66), so that a whole run fits in ~10 minutes on 2 quiet cores.
 
 Baseline: the same samples, each its own causal sequence, packed into micro-batches by the same
 token budget, same attention kernel, same loss.
@@ -43,7 +43,7 @@ from rollyard.bench._report import report
 logger = logging.getLogger(__name__)
 
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "group": {"size": "small", "prompt": 1024, "completions": 16, "completion": 128, "budget": 8192},
+    "group": {"size": "small", "prompt": 512, "completions": 16, "completion": 64, "budget": 8192},
     "multiturn": {"size": "tiny", "prompt": 256, "trajectories": 4, "turns": 20, "turn": 32, "budget": 8192},
 }
 QUICK: dict[str, dict[str, Any]] = {
@@ -138,6 +138,9 @@ def _step(model: Any, samples: list[Any], packed: Any) -> dict[str, Any]:
 def run_rounds(name: str, rounds: int, quick: bool) -> dict[str, Any]:
     """Both variants in this process, interleaved ABBA; one warm-up step of each first."""
     model, samples, packed = _setup(name, quick)
+    bounds = {"tokens": {v: p.forwarded_tokens for v, p in packed.items()}}
+    bounds["flops"] = {v: flops(p, model.config) for v, p in packed.items()}
+    print(f"{name}: {bounds}", file=sys.stderr, flush=True)
     _step(model, samples, packed["merged"])
     first = [samples[i] for i in packed["unmerged"].micro_batches[0].samples]
     _step(model, first, _pack(first, "unmerged"))
@@ -152,13 +155,18 @@ def run_rounds(name: str, rounds: int, quick: bool) -> dict[str, Any]:
         row["ratio"] = row["unmerged"]["seconds"] / row["merged"]["seconds"]
         row["load_1m"] = load
         out.append(row)
-        print(f"round {r}: {name} ratio={row['ratio']:.3f} load={load}", file=sys.stderr, flush=True)
+        secs = {v: round(row[v]["seconds"], 2) for v in order}
+        print(
+            f"round {r}: {name} ratio={row['ratio']:.3f} seconds={secs} load={load}",
+            file=sys.stderr,
+            flush=True,
+        )
     return {
         "rounds": out,
-        "forwarded_tokens": {v: p.forwarded_tokens for v, p in packed.items()},
+        "forwarded_tokens": bounds["tokens"],
         "micro_batches": {v: len(p.micro_batches) for v, p in packed.items()},
         "unmerged_tokens": packed["merged"].unmerged_tokens,
-        "flops": {v: flops(p, model.config) for v, p in packed.items()},
+        "flops": bounds["flops"],
         "params": sum(p.numel() for p in model.parameters()),
         "samples": len(samples),
     }
