@@ -19,9 +19,10 @@ forward, loss, backward; ``train.step.PHASES``).
 Memory: a fresh process per variant runs one step and reports its RSS rise (``ru_maxrss`` is a
 high-water mark, and torch's CPU allocations are invisible to tracemalloc).
 
-Bounds: ``token_bound`` = unmerged / merged forwarded tokens; ``flop_bound`` also counts attention
+Bounds: ``token_bound`` = unmerged / merged forwarded tokens; ``flop_ratio`` also counts attention
 (each token attends to its ancestors, so a merged token sits deeper than the average unmerged one
 and costs more): dense flops per token plus attention flops per (query, key) pair of the packed rows.
+A first-order estimate, not a bound: measured speedups pass it (attention is cheaper per flop here).
 ``eff`` = speedup / token bound.
 """
 
@@ -207,7 +208,7 @@ def _summarise(name: str, res: dict[str, Any]) -> dict[str, float]:
     return {
         f"speedup_{name}": speedup,
         f"token_bound_{name}": tok,
-        f"flop_bound_{name}": flop,
+        f"flop_ratio_{name}": flop,
         f"eff_{name}": speedup / tok,
         f"load_{name}": statistics.median(x for r in rounds for x in r["load_1m"]),
     }
