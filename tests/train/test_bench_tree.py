@@ -26,10 +26,22 @@ def test_group_workload_merges_to_prompt_plus_completions() -> None:
 
 
 @pytest.mark.slow
-def test_quick_benchmark_reports_a_speedup_and_equal_losses(tmp_path, monkeypatch) -> None:
+def test_quick_benchmark_interleaves_rounds_and_reports_bounds(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("rollyard.bench._report.RESULTS_DIR", tmp_path)
+    monkeypatch.setenv("ROLLYARD_BENCH_TREE_ROUNDS", "2")
     doc = main(quick=True)
-    summary = doc["summary"]
+    summary, details = doc["summary"], doc["details"]
+    assert [r["order"] for r in details["multiturn"]["rounds"]] == [
+        ["merged", "unmerged"],
+        ["unmerged", "merged"],
+    ]
     assert summary["speedup_group"] > 1.0
     assert summary["loss_diff_max"] < 1e-4
+    for name in ("group", "multiturn"):
+        assert summary[f"token_bound_{name}"] >= summary[f"flop_ratio_{name}"] > 1.0
+        assert summary[f"eff_{name}"] == pytest.approx(
+            summary[f"speedup_{name}"] / summary[f"token_bound_{name}"]
+        )
+        phases = details[name]["rounds"][0]["merged"]["phases"]
+        assert set(phases) == {"mask", "forward", "loss", "backward", "other"}
     assert QUICK["group"]["size"] == "tiny"

@@ -139,3 +139,15 @@ def test_long_shared_prompt_group_is_exact() -> None:
         _run(samples, "rollyard_tree", loss),
         _run(samples, "rollyard_tree", loss, merge=False, token_budget=1),
     )
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sample_batches(), st.integers(2, 12), st.integers(1, 24), st.sampled_from(_LOSSES))
+def test_cut_merged_training_equals_unmerged(
+    samples: list[Sample], cap: int, budget: int, loss: LossConfig
+) -> None:
+    if sum(s.num_loss_tokens for s in samples) == 0:
+        one = {"token_ids": [1, 2], "loss_mask": [0, 1], "logprobs": [0.0, -1.0], "advantages": [0.0, 1.0]}
+        samples[0] = samples[0].model_copy(update=one)
+    cut = _run(samples, "rollyard_tree", loss, max_tree_tokens=cap, token_budget=budget)
+    _assert_same(cut, _run(samples, "rollyard_tree", loss, merge=False, token_budget=1))

@@ -117,3 +117,80 @@ def test_every_token_maps_back_to_its_own_id_and_context(
             assert mb.parent[idx[1:]].tolist() == idx[:-1].tolist()
     assert sorted(covered) == list(range(len(samples)))
     assert packed.merged_tokens <= packed.unmerged_tokens
+
+
+def _chain_with_branches() -> list[Sample]:
+    """The issue's hand case: a 1500-token call chain and three one-token branches off it."""
+    chain = list(range(1000, 2500))
+    return [_sample(chain)] + [_sample([*chain[:cut], 3 + k]) for k, cut in enumerate((300, 800, 1100))]
+
+
+@pytest.mark.parametrize(
+    ("cap", "forwarded"),
+    # Before the cut rule forwarded unions of sample paths: 5967, 4415 and 5343 at caps 16, 64, 512.
+    [(16, 3703), (64, 3703), (512, 3703), (1200, 2603), (2000, 1503)],
+)
+def test_cut_chain_with_branches_never_forwards_more_than_unmerged(cap: int, forwarded: int) -> None:
+    samples = _chain_with_branches()
+    packed = pack_samples(samples, max_tree_tokens=cap)
+    assert packed.unmerged_tokens == 3703
+    assert packed.forwarded_tokens == forwarded
+    assert pack_samples(samples, max_tree_tokens=cap, merge=False).forwarded_tokens == 3703
+
+
+def test_earlier_calls_of_a_trajectory_ride_along_with_a_call_longer_than_the_cap() -> None:
+    history = list(range(10, 110))
+    samples = [_sample(history[:k]) for k in (20, 40, 60, 80, 100)]
+    packed = pack_samples(samples, max_tree_tokens=32, token_budget=32)
+    assert [mb.num_tokens for mb in packed.micro_batches] == [100]  # the longest call alone, as unmerged
+    assert sorted(packed.micro_batches[0].samples) == list(range(5))
+
+
+@st.composite
+def _forests(draw: st.DrawFn) -> list[list[int]]:
+    """Random prefix forests: long chains, call-by-call prefixes, branches off any prefix of an
+    earlier sample, duplicates, and a narrow alphabet so tails collide and merge by chance."""
+    alphabet = draw(st.sampled_from([2, 5, 1000]))
+    seqs: list[list[int]] = []
+    for _ in range(draw(st.integers(1, 10))):
+        kind = draw(st.sampled_from(["new", "branch", "prefix", "dup"]))
+        longest = draw(st.sampled_from([3, 40, 200]))
+        tail = draw(st.lists(st.integers(0, alphabet - 1), min_size=1, max_size=longest))
+        if not seqs or kind == "new":
+            seqs.append(tail)
+            continue
+        base = draw(st.sampled_from(seqs))
+        if kind == "dup":
+            seqs.append(list(base))
+        elif kind == "prefix":
+            seqs.append(base[: draw(st.integers(1, len(base)))])
+        else:
+            seqs.append(base[: draw(st.integers(0, len(base)))] + tail)
+    return seqs
+
+
+def _roots(mb) -> list[int]:  # type: ignore[no-untyped-def]
+    return [int(r) for r in np.flatnonzero(mb.parent < 0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_forests(), st.integers(2, 400), st.integers(1, 600))
+def test_merged_never_forwards_more_than_unmerged_and_rows_keep_their_caps(
+    token_lists: list[list[int]], cap: int, budget: int
+) -> None:
+    samples = [_sample(t) for t in token_lists]
+    merged = pack_samples(samples, max_tree_tokens=cap, token_budget=budget)
+    unmerged = pack_samples(samples, max_tree_tokens=cap, token_budget=budget, merge=False)
+    assert unmerged.forwarded_tokens == unmerged.unmerged_tokens
+    assert merged.forwarded_tokens <= unmerged.forwarded_tokens
+    assert merged.merged_tokens <= merged.forwarded_tokens
+    for packed in (merged, unmerged):
+        for mb in packed.micro_batches:
+            longest = max(len(token_lists[i]) for i in mb.samples)
+            if mb.num_tokens > budget:  # only a sample longer than the budget, alone with its prefixes
+                assert longest > budget and mb.num_tokens == longest
+            for r in _roots(mb):
+                size = int(mb.subtree_end[r]) - r
+                if size > cap:  # a tree over the cap is one sample's own path, longer than the cap
+                    assert size in {len(token_lists[i]) for i in mb.samples} and size > cap
+                    assert mb.parent[r + 1 : r + size].tolist() == list(range(r, r + size - 1))

@@ -42,6 +42,23 @@ def test_rl_step_reports_metrics_and_merge_ratio(group: Callable[..., list[Sampl
     assert m["entropy"] > 0
 
 
+def test_a_cut_tree_never_forwards_more_than_the_unmerged_batch() -> None:
+    history = [(7 * k) % 500 + 3 for k in range(120)]  # one call-by-call trajectory, a branch off it
+    samples = [
+        Sample(
+            token_ids=ids,
+            loss_mask=[0] + [1] * (len(ids) - 1),
+            logprobs=[-1.0] * len(ids),
+            advantages=[1.0] * len(ids),
+        )
+        for ids in (history[:40], history[:80], history, [*history[:60], 1, 2])
+    ]
+    for cap in (16, 50, 100, 1000):
+        m = _trainer(max_tree_tokens=cap, token_budget=cap).train_step(samples)
+        assert m["merged_unmerged_ratio"] <= 1.0
+    assert m["merged_unmerged_ratio"] == pytest.approx(122 / (40 + 80 + 120 + 62))
+
+
 def test_merged_and_unmerged_trainers_make_the_same_update(group: Callable[..., list[Sample]]) -> None:
     batch = group(2)
     # A large Adam eps keeps the update a smooth function of the gradient (at eps=1e-8 the first

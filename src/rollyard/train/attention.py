@@ -12,9 +12,9 @@ which packed tokens a token sees: its ancestors and itself. Formats per implemen
   blocks. torch 2.13 has no FlexAttention backward on CPU, so ``auto`` picks it on CUDA only.
 
 A chain (one unbranched sample) gets no mask at all: plain causal attention, the baseline.
-The memory rule for long trees lives in packing (``max_tree_tokens``): a tree longer than that is
-cut into DFS ranges forwarded with their ancestor path recomputed, which bounds the mask at
-``max_tree_tokens^2`` bytes.
+The memory rule for long trees lives in packing (``max_tree_tokens``, ``token_budget``): samples are
+cut into parts of at most that many tokens (shared prefixes recomputed per part), so a row's mask is
+bounded by ``token_budget^2`` bytes unless one sample alone is longer.
 """
 
 from __future__ import annotations
@@ -81,20 +81,29 @@ def set_attention(model: torch.nn.Module, impl: str) -> None:
             config._attn_implementation = impl
 
 
-def forward_logits(model: torch.nn.Module, mb: MicroBatch, impl: str) -> torch.Tensor:
-    """(L, V) logits of every packed token; ``impl`` must already be set on the model."""
+def attention_inputs(mb: MicroBatch, impl: str, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """The model kwargs that carry ``mb``'s tree structure to ``impl`` (a mask, or a block plan)."""
+    if impl == TREE_IMPL:
+        return (
+            {"attention_mask": None}
+            if mb.is_chain
+            else {"attention_mask": None, "tree_plan": make_plan(mb, device)}
+        )
+    return {"attention_mask": tree_mask(mb, impl, device, dtype)}
+
+
+def forward_logits(
+    model: torch.nn.Module, mb: MicroBatch, impl: str, inputs: dict[str, Any] | None = None
+) -> torch.Tensor:
+    """(L, V) logits of every packed token; ``impl`` must already be set on the model.
+
+    ``inputs``: ``attention_inputs`` built beforehand (so a caller can time them apart)."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     ids = torch.from_numpy(mb.input_ids).to(device)[None]
     pos = torch.from_numpy(mb.position_ids).to(device)[None]
-    extra: dict[str, Any] = {}
-    if impl == TREE_IMPL:
-        mask = None
-        if not mb.is_chain:
-            extra["tree_plan"] = make_plan(mb, device)
-    else:
-        mask = tree_mask(mb, impl, device, dtype)
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False, **extra)
+    extra = inputs if inputs is not None else attention_inputs(mb, impl, device, dtype)
+    out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra)
     return out.logits[0]
 
 

@@ -9,11 +9,17 @@ Loss terms stay per original (sample, position): ``token_index`` maps every toke
 to its packed node, so two samples that share a node share its logits but keep their own masks,
 advantages and behaviour logprobs. Token ``t`` is predicted from the node of token ``t-1``.
 
-Long-tree rule: a tree with more than ``max_tree_tokens`` nodes is cut into contiguous DFS ranges
-``[a, b)``; each range is forwarded together with the ancestor path of ``a`` (which is all the
-context any node of the range needs), so memory stays bounded by the cut size while the result is
-unchanged: the ancestors are recomputed, not approximated. Each sample is computed, whole, in the
-part that holds its last token (that part holds its full path).
+Cut rule (``max_tree_tokens``, ``token_budget``): samples, taken in reverse DFS order of their
+last token, are cut greedily into parts; a part is forwarded as the union of its samples' root paths
+(ancestor-closed, so each sample is computed whole in its part, and exact: shared nodes are
+recomputed per part, never approximated). Hence, for any forest and any cap:
+
+- forwarded tokens <= unmerged tokens (a union of paths is never longer than their sum), with
+  equality for ``merge=False``; no node is forwarded that no sample of its part needs;
+- a part holds at most ``min(max_tree_tokens, token_budget)`` tokens and a micro-batch at most
+  ``token_budget``, except a single sample longer than that: it gets a part and micro-batch of its
+  own, exactly as long as the sample (what the unmerged baseline forwards too; a sample is never
+  split, since each of its tokens needs the whole prefix).
 """
 
 from __future__ import annotations
@@ -139,38 +145,35 @@ def _build_forest(token_lists: Sequence[Sequence[int]], merge: bool) -> _Forest:
     )
 
 
-def _cut_tree(forest: _Forest, start: int, stop: int, max_tree_tokens: int) -> list[tuple[int, int]]:
-    """Contiguous DFS ranges of one tree; each range plus its first node's ancestors fits the cap.
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two root paths (node ids): the nodes they share."""
+    m = min(a.shape[0], b.shape[0])
+    diff = np.flatnonzero(a[:m] != b[:m])
+    return int(diff[0]) if diff.shape[0] else m
 
-    A range owns at least half the cap (so a path longer than the cap does not degrade into one
-    node per part); within the allowed window the cut goes where the next range starts shallowest,
-    i.e. where the least ancestor path has to be recomputed.
+
+def _group_samples(forest: _Forest, cap: int) -> list[list[int]]:
+    """Samples in reverse DFS order of their last node, cut greedily into groups of path union <= cap.
+
+    Between two nodes in preorder lies only their common ancestor's subtree, so of all samples
+    taken so far the one taken just before shares the longest prefix with the next: a sample adds
+    ``len - lcp(previous)`` nodes to its group. Reverse order puts a sample before the samples that
+    are its prefixes (a call-by-call trajectory's earlier calls), which then join it at no cost, even
+    when it alone is longer than ``cap`` (such a sample opens a group of its own).
     """
-    if stop - start <= max_tree_tokens:
-        return [(start, stop)]
-    ranges: list[tuple[int, int]] = []
-    a = start
-    min_own = max(1, max_tree_tokens // 2)
-    while a < stop:
-        max_own = max(min_own, max_tree_tokens - int(forest.depth[a]))
-        if stop - a <= max_own:
-            ranges.append((a, stop))
-            break
-        lo, hi = a + min_own, a + max_own  # candidate cut points b (next range starts at b)
-        cand = forest.depth[lo : hi + 1]
-        best = lo + int(np.flatnonzero(cand == cand.min())[-1])
-        ranges.append((a, best))
-        a = best
-    return ranges
-
-
-def _ancestors(forest: _Forest, node: int) -> list[int]:
-    path: list[int] = []
-    p = int(forest.parent[node])
-    while p >= 0:
-        path.append(p)
-        p = int(forest.parent[p])
-    return path[::-1]
+    nodes = forest.sample_nodes
+    order = sorted(range(len(nodes)), key=lambda i: (int(nodes[i][-1]), i), reverse=True)
+    groups: list[list[int]] = []
+    size = 0
+    for k, i in enumerate(order):
+        added = int(nodes[i].shape[0]) - (_lcp(nodes[order[k - 1]], nodes[i]) if k else 0)
+        if not groups or (added > 0 and size + added > cap):
+            groups.append([i])
+            size = int(nodes[i].shape[0])
+        else:
+            groups[-1].append(i)
+            size += added
+    return groups
 
 
 def pack_samples(
@@ -183,8 +186,8 @@ def pack_samples(
 ) -> PackedBatch:
     """Merge ``samples`` into prefix trees and pack them into micro-batches of ``token_budget`` tokens.
 
-    ``merge=False`` gives the baseline: every sample its own chain, one per micro-batch unless
-    the budget allows more. A part larger than the budget gets a micro-batch of its own.
+    ``merge=False`` gives the baseline: every sample its own chain, as many per micro-batch as
+    the budget allows. The cut rule and its bounds are in the module docstring.
     """
     if not samples:
         raise DataError("cannot pack an empty batch")
@@ -199,78 +202,51 @@ def pack_samples(
             raise DataError(f"sample {i} has a negative token id")
     forest = _build_forest([s.token_ids for s in samples], merge)
 
-    roots = np.flatnonzero(forest.parent < 0)
-    parts: list[tuple[list[int], int, int]] = []  # (ancestor path, range start, range stop)
-    for r in roots:
-        for a, b in _cut_tree(forest, int(r), int(forest.end[r]), max_tree_tokens):
-            parts.append((_ancestors(forest, a), a, b))
+    # A part is a group of samples forwarded as the union of their root paths: no node that no
+    # sample of the part needs, and never more nodes than the part's samples have tokens.
+    groups = _group_samples(forest, min(max_tree_tokens, token_budget))
+    parts = [np.unique(np.concatenate([forest.sample_nodes[i] for i in g])) for g in groups]
 
-    # Each sample is computed in the part that holds its last token.
-    last = np.array([int(nodes[-1]) for nodes in forest.sample_nodes], dtype=np.int64)
-    starts = np.array([p[1] for p in parts], dtype=np.int64)
-    owner = np.searchsorted(starts, last, side="right") - 1
-    by_part: list[list[int]] = [[] for _ in parts]
-    for i, p in enumerate(owner):
-        by_part[int(p)].append(i)
-
-    groups: list[list[int]] = []
+    batches: list[list[int]] = []
     size = 0
-    for k, (anc, a, b) in enumerate(parts):
-        n = len(anc) + (b - a)
-        if not groups or size + n > token_budget:
-            groups.append([])
+    for k, nodes in enumerate(parts):
+        if not batches or size + nodes.shape[0] > token_budget:
+            batches.append([])
             size = 0
-        groups[-1].append(k)
-        size += n
-    micro = [_assemble(forest, [parts[k] for k in g], [by_part[k] for k in g]) for g in groups]
-    micro = [m for m in micro if m.samples]
+        batches[-1].append(k)
+        size += int(nodes.shape[0])
+    micro = [_assemble(forest, [parts[k] for k in b], [groups[k] for k in b]) for b in batches]
     return PackedBatch(
         micro_batches=micro,
         num_samples=len(samples),
         unmerged_tokens=sum(len(s.token_ids) for s in samples),
         merged_tokens=int(forest.tokens.shape[0]),
         forwarded_tokens=sum(m.num_tokens for m in micro),
-        stats={"trees": float(len(roots)), "parts": float(len(parts))},
+        stats={"trees": float(np.count_nonzero(forest.parent < 0)), "parts": float(len(parts))},
     )
 
 
-def _assemble(
-    forest: _Forest, parts: list[tuple[list[int], int, int]], samples_by_part: list[list[int]]
-) -> MicroBatch:
-    """Concatenate parts (each ancestors + a DFS range, itself a valid preorder) into one row."""
-    nodes_all: list[np.ndarray] = []
+def _assemble(forest: _Forest, parts: list[np.ndarray], samples_by_part: list[list[int]]) -> MicroBatch:
+    """Concatenate parts (each a sorted, ancestor-closed node set: itself a valid preorder) into one row."""
     samples: list[int] = []
     token_index: list[np.ndarray] = []
-    offset = 0
-    for (anc, a, b), owned in zip(parts, samples_by_part, strict=True):
-        nodes = np.concatenate([np.asarray(anc, dtype=np.int64), np.arange(a, b, dtype=np.int64)])
-        local = np.full(int(forest.tokens.shape[0]), -1, dtype=np.int64)
-        local[nodes] = np.arange(nodes.shape[0]) + offset
-        for i in owned:
-            idx = local[forest.sample_nodes[i]]
-            if (idx < 0).any():  # would mean a path is not closed under ancestors: a packing bug
-                raise DataError(f"internal: sample {i} is not wholly inside its part")
-            samples.append(i)
-            token_index.append(idx)
-        nodes_all.append(nodes)
-        offset += nodes.shape[0]
     parents: list[np.ndarray] = []
     ends: list[np.ndarray] = []
     base = 0
-    for seg in nodes_all:  # seg is sorted and closed under ancestors: searchsorted maps global -> local
+    for seg, owned in zip(parts, samples_by_part, strict=True):
+        for i in owned:  # searchsorted maps global node ids to their slot in the sorted part
+            samples.append(i)
+            token_index.append(np.searchsorted(seg, forest.sample_nodes[i]) + base)
         gp = forest.parent[seg]
-        lp = np.searchsorted(seg, np.maximum(gp, 0))
-        parents.append(np.where(gp >= 0, lp + base, -1))
+        parents.append(np.where(gp >= 0, np.searchsorted(seg, np.maximum(gp, 0)) + base, -1))
         ends.append(np.searchsorted(seg, forest.end[seg], side="left") + base)
-        base += seg.shape[0]
-    nodes = np.concatenate(nodes_all)
-    parent = np.concatenate(parents)
-    end = np.concatenate(ends)
+        base += int(seg.shape[0])
+    nodes = np.concatenate(parts)
     return MicroBatch(
         input_ids=forest.tokens[nodes],
         position_ids=forest.depth[nodes],
-        parent=parent,
-        subtree_end=end,
+        parent=np.concatenate(parents),
+        subtree_end=np.concatenate(ends),
         samples=samples,
         token_index=token_index,
     )

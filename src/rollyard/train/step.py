@@ -6,6 +6,7 @@ share of the batch, so the accumulated gradient is that of the whole batch's los
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ import torch
 
 from rollyard.core.errors import TrainError
 from rollyard.core.sample import Sample
-from rollyard.train.attention import forward_logits, sample_logprobs
+from rollyard.train.attention import attention_inputs, forward_logits, sample_logprobs
 from rollyard.train.objective import BatchTotals, LossConfig, micro_batch_loss
 from rollyard.train.packing import PackedBatch
 
@@ -24,6 +25,11 @@ class StepResult:
     finite: bool = True
     metrics: dict[str, float] = field(default_factory=dict)  # token-weighted means over micro-batches
     logprobs: dict[int, torch.Tensor] = field(default_factory=dict)  # detached, when kept
+    # Wall seconds per phase, summed over micro-batches: where a step's time goes (bench tree).
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+
+PHASES = ("mask", "forward", "loss", "backward")
 
 
 def forward_backward(
@@ -46,10 +52,17 @@ def forward_backward(
     result = StepResult()
     weighted: dict[str, float] = {}
     weight_sum = 0.0
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    clock = time.perf_counter
     for mb in packed.micro_batches:
-        logits = forward_logits(model, mb, impl)
+        t0 = clock()
+        inputs = attention_inputs(mb, impl, device, dtype)
+        t1 = clock()
+        logits = forward_logits(model, mb, impl, inputs)
         if temperature != 1.0:
             logits = logits / temperature
+        t2 = clock()
         lps, ents = sample_logprobs(logits, mb)
         mb_samples = [samples[i] for i in mb.samples]
         nan = lps[0].new_full((), float("nan"))
@@ -60,10 +73,14 @@ def forward_backward(
                 loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals)
             except TrainError:  # the rl losses refuse a non-finite loss; the step gets skipped
                 loss, metrics = nan, {}
+        t3 = clock()
         if not torch.isfinite(loss):
             result.finite = False
         elif backward:
             loss.backward()
+        t4 = clock()
+        for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            result.phases[k] += dt
         result.loss += float(loss.detach())
         tokens = float(sum(s.num_loss_tokens for s in mb_samples))
         ent_sum = sum(

@@ -40,7 +40,7 @@ class TrainConfig(BaseModel):
     eps: float = 1e-8
     max_grad_norm: float = Field(default=1.0, gt=0)
     token_budget: int = Field(default=8192, ge=1)  # tokens per micro-batch (gradient accumulation)
-    max_tree_tokens: int = Field(default=8192, ge=2)  # longer trees are cut, ancestors recomputed
+    max_tree_tokens: int = Field(default=8192, ge=2)  # larger trees are cut, shared prefixes recomputed
     merge: bool = True  # prefix-tree merging; False trains every sample on its own
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
