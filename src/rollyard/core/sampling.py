@@ -23,8 +23,3 @@ class SamplingParams(BaseModel):
     regex: str | None = None
     logprobs: bool = True
     ignore_eos: bool = False
-
-    def merged(self, **overrides: object) -> SamplingParams:
-        """A copy with the non-None overrides applied (the trainer's policy wins)."""
-        clean = {k: v for k, v in overrides.items() if v is not None}
-        return self.model_copy(update=clean)
