@@ -14,45 +14,22 @@ speed claim. ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from rollyard.bench._report import loadavg, report
-from rollyard.bench.gateway import ADMIN, _gateway
+from rollyard.bench.gateway import ADMIN, _engine, _gateway
 from rollyard.sandbox.base import SandboxProvider
 
 TASK = "Create a file named hello.txt that contains the word hello, then stop."
 MAX_MODEL_LEN = 40960
-
-
-@contextlib.contextmanager
-def _long_engine() -> Iterator[tuple[str, Path]]:
-    url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
-    if url and model:
-        yield url, Path(model)
-        return
-    from rollyard.engines.launcher import VLLMServer
-    from rollyard.engines.tiny_model import create_model
-
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
-        with VLLMServer(
-            model_dir,
-            kv_tokens=4 * MAX_MODEL_LEN,
-            max_model_len=MAX_MODEL_LEN,
-            served_name="tiny",
-            startup_timeout_s=900.0,
-        ) as server:
-            yield server.url, model_dir
 
 
 async def _one(name: str, url: str, sock: Path, max_tokens: int, provider: SandboxProvider) -> dict[str, Any]:
@@ -120,7 +97,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     for name in CLIS:
         install(name)
     out: dict[str, Any] = {"task": TASK, "max_tokens": max_tokens, "concurrency": concurrency}
-    with _long_engine() as (engine_url, model_dir), tempfile.TemporaryDirectory(dir="/tmp") as d:
+    engine = _engine(4 * MAX_MODEL_LEN, startup_timeout_s=900.0, max_model_len=MAX_MODEL_LEN)
+    with engine as (engine_url, model_dir), tempfile.TemporaryDirectory(dir="/tmp") as d:
         os.chmod(d, 0o755)
         sock = Path(d) / "gw.sock"
         with _gateway(engine_url, model_dir, ["--uds", str(sock)]) as (url, _):

@@ -68,7 +68,9 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def _engine(kv_tokens: int = 16384, startup_timeout_s: float = 300.0) -> Iterator[tuple[str, Path]]:
+def _engine(
+    kv_tokens: int = 16384, startup_timeout_s: float = 300.0, max_model_len: int = 2048
+) -> Iterator[tuple[str, Path]]:
     """The benches' engine: the tiny model on a fresh local vLLM, or the one named by
     ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` (then ``kv_tokens`` is its own)."""
     url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
@@ -83,7 +85,7 @@ def _engine(kv_tokens: int = 16384, startup_timeout_s: float = 300.0) -> Iterato
         with VLLMServer(
             model_dir,
             kv_tokens=kv_tokens,
-            max_model_len=2048,
+            max_model_len=max_model_len,
             served_name="tiny",
             startup_timeout_s=startup_timeout_s,
         ) as server:
