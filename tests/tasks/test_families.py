@@ -137,3 +137,19 @@ async def test_a_stage_guess_skips_the_look_and_passes_only_when_lucky(
     assert not (await outcome_of(task, wrong, provider)).passed
     assert (await outcome_of(task, right, provider)).passed
     assert [c.name for c in solve(task, mistake_prob=0.0, seed=0)] == ["bash", "submit"]
+
+
+async def test_a_readout_guess_skips_the_read_and_passes_only_when_lucky(
+    make_task: MakeTask, provider: SandboxProvider
+) -> None:
+    task = make_task("readout", seed=5)
+    value = task.spec.metadata["value"]
+    read = solve(task, mistake_prob=0.0, seed=0)
+    assert [c.name for c in read] == ["bash", "write_file", "submit"]
+    assert read[1].arguments == {"path": "answer.txt", "content": value}
+    guesses = [solve(task, mistake_prob=1.0, seed=s) for s in range(8)]
+    assert all([c.name for c in g] == ["write_file", "submit"] for g in guesses)  # no look first
+    wrong = next(g for g in guesses if g[0].arguments["content"] != value)
+    assert wrong[0].mistake
+    assert not (await outcome_of(task, wrong, provider)).passed
+    assert (await outcome_of(task, read, provider)).passed

@@ -9,13 +9,14 @@ from rollyard.core.errors import TaskError
 from rollyard.tasks.families.base import PASS_FRACTION_MARK, Family, ToolCall
 from rollyard.tasks.families.bugfix import BugfixFamily
 from rollyard.tasks.families.lookup import LookupFamily
+from rollyard.tasks.families.readout import ReadoutFamily
 from rollyard.tasks.families.stage import StageFamily
 from rollyard.tasks.families.sums import SumsFamily
 from rollyard.tasks.model import Task
 from rollyard.tasks.writer import write_task
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (LookupFamily(), StageFamily(), BugfixFamily(), SumsFamily())
+    f.name: f for f in (LookupFamily(), ReadoutFamily(), StageFamily(), BugfixFamily(), SumsFamily())
 }
 
 
