@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rollyard.core import DataError, FakeClock, Sample
+from rollyard.core.errors import ConfigError
 from rollyard.train import build_model
 from rollyard.train.objective import LossConfig
 from rollyard.train.trainer import TrainConfig, Trainer
@@ -140,3 +141,19 @@ def test_checkpoint_overwrite_leaves_no_temporary_dirs(
     other = _trainer(seed=5)
     other.load(tmp_path / "ckpt")
     assert other.step == 2
+
+
+def test_train_layers_updates_only_the_top_layers_and_the_final_norm(
+    group: Callable[..., list[Sample]],
+) -> None:
+    full = _trainer()
+    top = _trainer(train_layers=1)
+    n_layers = len(top.model.model.layers)  # type: ignore[union-attr]
+    assert 0 < top.trainable < full.trainable
+    before = _weights(top)
+    m = top.train_step(group(2))
+    assert m["trainable_params"] == top.trainable
+    changed = {k for k, v in _weights(top).items() if not torch.equal(v, before[k])}
+    assert changed and all(k.startswith((f"model.layers.{n_layers - 1}.", "model.norm.")) for k in changed)
+    with pytest.raises(ConfigError, match=f"the model has {n_layers} layers"):
+        _trainer(train_layers=n_layers + 1)

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.clock import Clock, SystemClock
-from rollyard.core.errors import DataError
+from rollyard.core.errors import ConfigError, DataError
 from rollyard.core.sample import Sample
 from rollyard.train.attention import choose_attention, set_attention
 from rollyard.train.checkpoint import load_checkpoint, save_checkpoint
@@ -45,6 +45,23 @@ class TrainConfig(BaseModel):
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
     temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
+    # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
+    # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
+    train_layers: int | None = Field(default=None, ge=1)
+
+
+def freeze_below(model: torch.nn.Module, n: int) -> None:
+    """Leave only the top ``n`` decoder layers and the final norm trainable (a transformers
+    decoder-only LM: ``model.model.layers`` and ``model.model.norm``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "norm"):
+        raise ConfigError(f"train_layers needs a decoder LM with .model.layers, not {type(model).__name__}")
+    if n > len(layers):
+        raise ConfigError(f"train_layers={n}, but the model has {len(layers)} layers")
+    model.requires_grad_(False)
+    for module in (*layers[len(layers) - n :], inner.norm):
+        module.requires_grad_(True)
 
 
 class Trainer:
@@ -65,7 +82,10 @@ class Trainer:
         device = next(model.parameters()).device
         self.impl = choose_attention(device, config.attention)
         set_attention(model, self.impl)
+        if config.train_layers is not None:
+            freeze_below(model, config.train_layers)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.trainable = sum(p.numel() for p in self.params)
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
         )
@@ -143,6 +163,7 @@ class Trainer:
             "tokens_per_s": forwarded_all / seconds,
             "merged_unmerged_ratio": forwarded_all / max(unmerged_all, 1.0),
             "seconds": seconds,
+            "trainable_params": float(self.trainable),
         }
         metrics.update({k: v / tokens for k, v in zip(keys, sums[4:], strict=True)})
         metrics["kl"] = metrics.pop("approx_kl")
