@@ -12,6 +12,7 @@ from typing import Any
 
 from rollyard.rollout.collect import ProgramRunner, run_program
 from rollyard.rollout.services import Services
+from rollyard.rollout.stats import first_call_stats
 from rollyard.tasks.model import Task
 
 
@@ -29,4 +30,5 @@ async def heldout(
         "eval_episodes": len(passed),
         "eval_turns": statistics.fmean(t.num_turns for t in trajs) if trajs else 0.0,
         "eval_policy_version": min((v for t in trajs for v in t.policy_versions), default=0),
+        **first_call_stats(trajs, passed, prefix="eval_"),
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from rollyard.core.events import EventKind, ToolResultEvent
+from rollyard.core.events import EventKind, ToolCallEvent, ToolResultEvent
 from rollyard.core.trajectory import Trajectory
 
 TERMS = ("outcome", "process", "speed")
@@ -33,6 +33,31 @@ def event_counts(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             elif e.kind == EventKind.PERTURBATION:
                 counts["perturbations"] += 1
     return {f"count_{k}": float(v) for k, v in counts.items()}
+
+
+def first_call(t: Trajectory) -> str:
+    """The name of the episode's first tool call (``none`` when it made none)."""
+    for e in t.events:
+        if e.kind == EventKind.TOOL_CALL:
+            call: ToolCallEvent = e.payload
+            return call.name
+    return "none"
+
+
+def first_call_stats(
+    trajectories: Sequence[Trajectory], passed: Sequence[float], prefix: str
+) -> dict[str, float]:
+    """What the agent did first and how that went: ``first_<tool>`` (share of episodes whose first
+    call was ``<tool>``) and ``success_first_<tool>``. A policy's change of habit shows here, e.g.
+    reading before answering instead of guessing."""
+    by_first: dict[str, list[float]] = {}
+    for t, ok in zip(trajectories, passed, strict=True):
+        by_first.setdefault(first_call(t), []).append(ok)
+    out: dict[str, float] = {}
+    for name, oks in sorted(by_first.items()):
+        out[f"{prefix}first_{name}"] = len(oks) / len(trajectories)
+        out[f"{prefix}success_first_{name}"] = statistics.fmean(oks)
+    return out
 
 
 def step_stats(stats: Sequence[dict[str, float]]) -> dict[str, float]:
