@@ -18,7 +18,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_embedded_configs_validate_and_round_trip(tmp_path: Path) -> None:
-    for name in ("demo", "quick"):
+    for name in ("demo", "quick", "demo-smollm2", "full"):
         cfg = builtin_config(name)
         again = load_config(write(tmp_path, dump_config(cfg)))
         assert again.run == cfg.run
@@ -38,6 +38,12 @@ def test_a_bad_value_is_reported_with_its_path(tmp_path: Path) -> None:
 def test_the_model_section_is_required(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"model: missing"):
         load_config(write(tmp_path, "run: {steps: 3}\n"))
+
+
+def test_a_pretrained_model_is_named_from_the_known_ones(tmp_path: Path) -> None:
+    assert builtin_config("demo-smollm2").model.pretrained == "smollm2-135m"
+    with pytest.raises(ConfigError, match=r"model: .*unknown pretrained model 'gpt-9'.*smollm2-135m"):
+        load_config(write(tmp_path, "model: {path: m, create: true, pretrained: gpt-9}\n"))
 
 
 def test_a_task_set_needs_exactly_one_source(tmp_path: Path) -> None:
@@ -130,3 +136,14 @@ def test_gateway_limits_are_configurable_and_checked() -> None:
         GatewayConfig.model_validate({"limits": {"max_body_bytes": 10}})
     with pytest.raises(ValueError):
         GatewayConfig.model_validate({"limits": {"no_such_knob": 1}})
+
+
+def test_the_demo_knows_its_models(tmp_path: Path) -> None:
+    from rollyard.rollout.entry import DEMO_MODELS, run_demo
+
+    assert DEMO_MODELS == {"tiny": "demo", "smollm2": "demo-smollm2"}
+    with pytest.raises(ConfigError, match="unknown demo model 'gpt-9'; choose one of: tiny, smollm2"):
+        run_demo(0, tmp_path / "run", False, {}, model="gpt-9")
+    with pytest.raises(ConfigError, match="--quick"):
+        run_demo(0, tmp_path / "run", True, {}, model="smollm2")
+    assert not (tmp_path / "run").exists()

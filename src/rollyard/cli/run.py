@@ -33,12 +33,16 @@ def demo(
     seed: int = typer.Option(0, help="seeds the model, the task sets and the run"),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="default runs/demo-seed{SEED}"),
     quick: bool = typer.Option(False, help="the few-minute smoke config instead of the full demo"),
+    model: str = typer.Option(
+        "tiny", help="tiny (the default example) or smollm2 (a real pretrained model learns to read)"
+    ),
     set_: list[str] = typer.Option([], "--set", help="override a config value: key.path=value"),
 ) -> None:
-    """The default example: tiny model, SFT warm start, RL on `stage`, report with plots."""
+    """The default example: tiny model, SFT warm start, RL on `stage`, report with plots.
+    ``--model smollm2``: SmolLM2-135M-Instruct learns to read before it answers (`readout`)."""
     from rollyard.rollout.entry import parse_overrides, run_demo
 
-    out = run_demo(seed, run_dir, quick, parse_overrides(set_))
+    out = run_demo(seed, run_dir, quick, parse_overrides(set_), model=model)
     for k, v in out.items():
         typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
 

@@ -35,12 +35,22 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """Where the policy's weights start; ``create`` makes the tiny model there if it is missing."""
+    """Where the policy's weights start; ``create`` makes the model there if it is missing: the
+    random tiny/small model of ``size``, or the ``pretrained`` one (``rollyard model init --from``)."""
 
     path: Path
     create: bool = False
     size: str = "tiny"
     seed: int = 0
+    pretrained: str | None = None  # e.g. smollm2-135m (converted once into the cache, then copied)
+
+    @model_validator(mode="after")
+    def _known_pretrained(self) -> ModelConfig:
+        from rollyard.engines.pretrained import PRETRAINED
+
+        if self.pretrained is not None and self.pretrained not in PRETRAINED:
+            raise ValueError(f"unknown pretrained model {self.pretrained!r}; known: {', '.join(PRETRAINED)}")
+        return self
 
 
 class EngineConfig(_Section):

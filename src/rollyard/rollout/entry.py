@@ -91,9 +91,18 @@ def run_training(
     return _execute(cfg, run, False)
 
 
-def run_demo(seed: int, run_dir: Path | None, quick: bool, overrides: dict[str, Any]) -> dict[str, Any]:
+DEMO_MODELS = {"tiny": "demo", "smollm2": "demo-smollm2"}  # rollyard demo --model NAME -> built-in config
+
+
+def run_demo(
+    seed: int, run_dir: Path | None, quick: bool, overrides: dict[str, Any], *, model: str = "tiny"
+) -> dict[str, Any]:
     """``rollyard demo``: the embedded config with every seed set from ``seed``; then the report."""
-    name = "quick" if quick else "demo"
+    if model not in DEMO_MODELS:
+        raise ConfigError(f"unknown demo model {model!r}; choose one of: {', '.join(DEMO_MODELS)}")
+    if quick and model != "tiny":
+        raise ConfigError("--quick is the tiny model's smoke config; it has no --model variant")
+    name = "quick" if quick else DEMO_MODELS[model]
     seeded = {"run.seed": seed, "model.seed": seed, "tasks.train.seed": 1000 + seed}
     if not quick:
         seeded["tasks.eval.seed"] = 2000 + seed
