@@ -235,7 +235,9 @@ class VLLMBackend:
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.ignore_eos:
             body["ignore_eos"] = True
-        if params.regex:
+        if params.grammar:
+            body["structured_outputs"] = {"grammar": params.grammar}
+        elif params.regex:
             body["structured_outputs"] = {"regex": params.regex}
         if stream:
             body["stream_options"] = {"include_usage": True}

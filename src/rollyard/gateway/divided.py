@@ -40,7 +40,7 @@ class Divided:
             raise ConfigError(f"divided rollout: chunk_tokens must be >= 1, not {self.chunk_tokens}")
 
     def applies(self, params: SamplingParams) -> bool:
-        return params.max_tokens > self.chunk_tokens and params.regex is None
+        return params.max_tokens > self.chunk_tokens and not params.constrained
 
 
 @dataclass

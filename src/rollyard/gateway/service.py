@@ -308,7 +308,7 @@ class Gateway:
         index = prev.turn_index + 1 if prev else 0
         segment = prev.segment if prev and plan.extends else (prev.segment + 1 if prev else 0)
         flags = ["malformed_tool_call"] if malformed else []
-        if params.regex:
+        if params.constrained:
             flags.append("constrained_decoding")
         if plan.closed_with_eos:
             flags.append("eos_appended_to_previous")
