@@ -25,6 +25,9 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = ()
     regex: str | None = None
     grammar: str | None = Field(default=None, exclude=True)
+    # alternatives per position a client asked for (OpenAI ``top_logprobs``): returned to it,
+    # never recorded, so left out of the turn's sampling too
+    top_logprobs: int = Field(default=0, ge=0, le=20, exclude=True)
     logprobs: bool = True
     ignore_eos: bool = False
 

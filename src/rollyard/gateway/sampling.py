@@ -48,6 +48,7 @@ def sampling_for(request: ChatRequest, program: Program, prompt_len: int, limit:
         top_k=-1 if request.top_k is None else request.top_k,
         seed=request.seed,
         grammar=grammar,
+        top_logprobs=request.top_logprobs,
         logprobs=True,
         ignore_eos=pol.ignore_eos,
     )
