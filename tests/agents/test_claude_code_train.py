@@ -40,6 +40,8 @@ async def test_claude_code_trains_unmodified_for_one_step(
     from rollyard.agents.install import install
 
     monkeypatch.setenv("ROLLYARD_CACHE", os.environ.get("ROLLYARD_CACHE", str(CACHE)))
+    # one engine step holding two ~31k-token prefills can outlast vLLM's 300 s on loaded cores
+    monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
     install("claude-code")
     cfg = builtin_config(
         "quick",
