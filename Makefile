@@ -5,7 +5,7 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: setup test test-fast demo bench lint fmt clean
+.PHONY: setup test test-fast test-agents demo bench lint fmt clean
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,13 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow and not engine"
+
+# Real agent CLIs (mini-SWE-agent, Codex, Claude Code): installed into .cache once, run in
+# sandboxes against the gateway, and trained through `rollyard train` for one step each.
+# Claude Code's training test runs only here (a ~32k-token prompt: too slow for CI).
+test-agents: setup
+	ROLLYARD_TEST_AGENTS=1 $(PY) -m pytest -q -ra tests/agents \
+		tests/rollout/test_train_e2e.py -k "agents or mini_swe or codex or claude"
 
 demo: setup
 	.venv/bin/rollyard demo

@@ -133,3 +133,23 @@ def test_the_base_urls_a_new_program_gets_work_as_given_in_each_sdk(client: Test
     msg = an.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     assert msg.content is not None and msg.usage.output_tokens > 0
     assert trajectory(client, str(prog["id"]))["segments"]  # both calls were the program's
+
+
+def test_responses_honours_the_logprobs_include_and_records_the_other_entries_as_ignored(
+    client: TestClient, engine: ScriptedBackend
+) -> None:
+    prog = new_program(client)
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key=prog["api_key"], http_client=client)
+    include = ["message.output_text.logprobs", "reasoning.encrypted_content"]
+    r = api.responses.create(model="tiny", input="hello", include=include, top_logprobs=2)  # type: ignore[arg-type]
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs and engine.params[0].top_logprobs == 2
+    api.responses.create(model="tiny", input="hello", top_logprobs=2)
+    assert engine.params[1].top_logprobs == 0  # not asked of the engine without the include
+    ignored = [
+        e.data
+        for e in Trajectory.model_validate(trajectory(client, prog["id"])).events
+        if e.kind == "ignored_params"
+    ]
+    assert ignored[0] == {"include": ["reasoning.encrypted_content"]}
+    assert ignored[1] == {"top_logprobs": 2}

@@ -175,18 +175,21 @@ def test_malformed_tool_call_is_returned_as_text_and_flagged(
     assert "malformed_tool_call" in turn.flags
 
 
-def test_tool_choice_required_sends_a_tool_call_regex(client: TestClient, engine: ScriptedBackend) -> None:
+def test_a_named_tool_choice_sends_a_grammar_for_that_tool_only(
+    client: TestClient, engine: ScriptedBackend
+) -> None:
     prog = new_program(client)
     api = sdk(client, prog["api_key"])
     engine.script = [CALL]
     api.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "x"}],
-        tools=TOOLS,
+        tools=[*TOOLS, {"type": "function", "function": {"name": "write_file", "parameters": {}}}],
         tool_choice={"type": "function", "function": {"name": "read_file"}},
     )
-    regex = engine.params[0].regex
-    assert regex is not None and "read_file" in regex
+    grammar = engine.params[0].grammar
+    assert grammar is not None and "read_file" in grammar and "write_file" not in grammar
+    assert "constrained_decoding" in Trajectory.model_validate(trajectory(client, prog["id"])).turns[0].flags
 
 
 def test_base_url_without_v1_and_program_url_form_work(client: TestClient, engine: ScriptedBackend) -> None:

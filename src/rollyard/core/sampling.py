@@ -8,8 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 class SamplingParams(BaseModel):
     """What one generation call asks of an engine.
 
-    ``regex`` constrains the output (vLLM structured outputs); it lets a random tiny model
-    emit a valid tool call in tests and implements ``tool_choice: required``.
+    ``regex`` and ``grammar`` (xgrammar EBNF) constrain the output (vLLM structured outputs):
+    the gateway forces tool calls with a grammar built from the tools' schemas
+    (``engines.tool_grammar``). A grammar can be many kilobytes for a CLI's two dozen tools, so it
+    is left out of dumps (what a turn records as its sampling); the turn is flagged
+    ``constrained_decoding`` instead.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -21,5 +24,13 @@ class SamplingParams(BaseModel):
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     regex: str | None = None
+    grammar: str | None = Field(default=None, exclude=True)
+    # alternatives per position a client asked for (OpenAI ``top_logprobs``): returned to it,
+    # never recorded, so left out of the turn's sampling too
+    top_logprobs: int = Field(default=0, ge=0, le=20, exclude=True)
     logprobs: bool = True
     ignore_eos: bool = False
+
+    @property
+    def constrained(self) -> bool:
+        return self.regex is not None or self.grammar is not None

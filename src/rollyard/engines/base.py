@@ -10,9 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import FinishReason
 
+TopLogprobs = list[list[tuple[int, float]]]  # per position: (token id, logprob), most likely first
+
 
 class Completion(BaseModel):
-    """One generation's result; ``logprobs[i]`` is the sampled token's log-probability."""
+    """One generation's result; ``logprobs[i]`` is the sampled token's log-probability.
+
+    ``top_logprobs``: the alternatives at each position, only when the request asked for them
+    (``SamplingParams.top_logprobs``); they go back to the client and are never recorded."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -23,6 +28,7 @@ class Completion(BaseModel):
     policy_version: int = 0
     engine: str = ""
     cached_prompt_tokens: int | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 class CompletionDelta(BaseModel):
@@ -39,6 +45,7 @@ class CompletionDelta(BaseModel):
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     policy_version: int = 0
+    top_logprobs: TopLogprobs | None = None
 
 
 class EngineStats(BaseModel):

@@ -48,6 +48,12 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return f"{TOOL_CALL_OPEN}{_dumps({'name': name, 'arguments': arguments})}{TOOL_CALL_CLOSE}"
 
 
+def tool_call_frame(name: str) -> tuple[str, str]:
+    """The text around a call's arguments object: ``format_tool_call`` is prefix + args + suffix
+    (forced-call grammars constrain only the arguments between them)."""
+    return f'{TOOL_CALL_OPEN}{{"name": {_dumps(name)}, "arguments": ', f"}}{TOOL_CALL_CLOSE}"
+
+
 def _tool_spec(tool: dict[str, Any]) -> dict[str, Any]:
     """Accept an OpenAI tool ({type, function:{...}}) or a bare function spec."""
     fn = tool.get("function", tool)

@@ -60,8 +60,8 @@ class HFBackend:
             raise EngineUnavailable(f"engine {self.name} is closed")
         if not prompt_ids:
             raise InvalidRequest("empty prompt")
-        if params.regex:
-            raise InvalidRequest("HFBackend does not support structured outputs (regex)")
+        if params.constrained:
+            raise InvalidRequest("HFBackend does not support structured outputs (regex or grammar)")
         if len(prompt_ids) >= self.max_model_len:
             raise ContextLengthExceeded(
                 f"prompt of {len(prompt_ids)} tokens does not fit the context of {self.max_model_len}"

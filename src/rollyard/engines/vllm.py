@@ -69,6 +69,22 @@ def _logprob(entry: Any) -> float:
     return v if math.isfinite(v) else -1e4
 
 
+def _top_logprobs(choice: dict[str, Any], n: int, k: int) -> list[list[tuple[int, float]]] | None:
+    """The ``k`` likeliest (id, logprob) per position, from vLLM's ``{"token_id:N": lp}`` maps
+    (which also hold the sampled token, so may have k + 1 entries); None when none were asked."""
+    if not k:
+        return None
+    rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
+    if len(rows) != n:
+        raise EngineError(f"engine returned {n} token ids but {len(rows)} top_logprobs rows")
+    out = []
+    for row in rows:
+        pairs = [(int(t.rpartition(":")[2]), float(v)) for t, v in (row or {}).items()]
+        pairs = [(t, v) for t, v in pairs if math.isfinite(v)]  # masked by a constraint
+        out.append(sorted(pairs, key=lambda p: -p[1])[:k])
+    return out
+
+
 class VLLMBackend:
     """One vLLM server. ``policy_version`` is the version of the last weights we loaded.
 
@@ -224,7 +240,7 @@ class VLLMBackend:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k,
-            "logprobs": 0 if params.logprobs else None,
+            "logprobs": params.top_logprobs if params.logprobs else None,
             "return_token_ids": True,
             "skip_special_tokens": False,
             "stream": stream,
@@ -235,7 +251,11 @@ class VLLMBackend:
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.ignore_eos:
             body["ignore_eos"] = True
-        if params.regex:
+        if params.top_logprobs:  # alternatives keyed "token_id:N", not by (ambiguous) text
+            body["return_tokens_as_token_ids"] = True
+        if params.grammar:
+            body["structured_outputs"] = {"grammar": params.grammar}
+        elif params.regex:
             body["structured_outputs"] = {"regex": params.regex}
         if stream:
             body["stream_options"] = {"include_usage": True}
@@ -252,6 +272,7 @@ class VLLMBackend:
             usage = data.get("usage") or {}
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             lps = self._logprobs(choice, len(ids))
+            top = _top_logprobs(choice, len(ids), params.top_logprobs)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
         return Completion(
@@ -262,6 +283,7 @@ class VLLMBackend:
             policy_version=version,
             engine=self.name,
             cached_prompt_tokens=cached,
+            top_logprobs=top,
         )
 
     @staticmethod
@@ -286,14 +308,14 @@ class VLLMBackend:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    for delta in self._deltas(payload, len(prompt_ids), version):
+                    for delta in self._deltas(payload, len(prompt_ids), version, params.top_logprobs):
                         yield delta
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
 
-    def _deltas(self, payload: str, prompt_tokens: int, version: int) -> list[CompletionDelta]:
+    def _deltas(self, payload: str, prompt_tokens: int, version: int, top: int = 0) -> list[CompletionDelta]:
         """One streamed event's deltas; an unreadable event is the engine's error on this request."""
         try:
             out = []
@@ -309,6 +331,7 @@ class VLLMBackend:
                         finish_reason=_finish(reason) if reason is not None else None,
                         prompt_tokens=prompt_tokens,
                         policy_version=version,
+                        top_logprobs=_top_logprobs(choice, len(ids), top),
                     )
                 )
             return out

@@ -40,7 +40,9 @@ class Divided:
             raise ConfigError(f"divided rollout: chunk_tokens must be >= 1, not {self.chunk_tokens}")
 
     def applies(self, params: SamplingParams) -> bool:
-        return params.max_tokens > self.chunk_tokens and params.regex is None
+        # constrained and top-logprob requests run in one piece (a grammar's state and the
+        # alternatives would not carry across chunks)
+        return params.max_tokens > self.chunk_tokens and not params.constrained and not params.top_logprobs
 
 
 @dataclass

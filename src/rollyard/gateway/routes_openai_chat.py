@@ -20,6 +20,7 @@ from rollyard.gateway.bodies.openai_chat import (
 )
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
+from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.tokenizer import Tokenizer
@@ -80,6 +81,10 @@ def to_request(body: ChatCompletionBody) -> ChatRequest:
     elif tc is not None:
         req.tool_choice = tc
     req.ignored = ignored_fields(body, IGNORED)
+    if body.top_logprobs and not body.logprobs:  # OpenAI's rule: alternatives need logprobs
+        req.ignored["top_logprobs"] = body.top_logprobs
+    elif body.logprobs:
+        req.top_logprobs = body.top_logprobs or 0
     unknown = body.unknown_fields()
     if unknown:
         req.ignored["unknown_fields"] = unknown
@@ -103,13 +108,9 @@ def _usage(r: ChatResult) -> dict[str, Any]:
 
 
 def _logprobs(r: ChatResult, tok: Tokenizer) -> dict[str, Any]:
-    """OpenAI's ``choice.logprobs`` from the recorded ids and logprobs (the sampled tokens'
-    own; ``top_logprobs`` alternatives are not asked of the engine, so each list is empty)."""
-    content = []
-    for i, lp in zip(r.completion_ids, r.completion_logprobs, strict=False):
-        text = tok.decode([i])
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-    return {"content": content, "refusal": None}
+    """OpenAI's ``choice.logprobs``: the recorded ids and logprobs, with the ``top_logprobs``
+    alternatives the request asked for."""
+    return {"content": token_logprobs(r, tok), "refusal": None}
 
 
 def to_body(r: ChatResult, logprobs: Tokenizer | None = None) -> dict[str, Any]:

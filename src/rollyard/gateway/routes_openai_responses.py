@@ -2,8 +2,12 @@
 
 Input items: messages (any role, ``developer`` = system), ``function_call`` and
 ``function_call_output``; ``reasoning`` items are folded into the next assistant message.
-Tolerated and recorded as ignored: ``reasoning``, ``include``, ``store``, ``prompt_cache_key``,
-``parallel_tool_calls``, ``text``, ``truncation`` and non-function tools (``web_search``, ...).
+Tolerated and recorded as ignored: ``reasoning``, ``store``, ``prompt_cache_key``,
+``parallel_tool_calls``, ``text``, ``truncation``, non-function tools (``web_search``, ...) and
+``include`` entries other than ``message.output_text.logprobs``. That one is honoured: the
+``output_text`` part carries every completion token's logprob and the ``top_logprobs``
+alternatives asked for (streamed: in the ``output_text.done`` event and the final response;
+text deltas carry none).
 ``previous_response_id`` works for the program's latest response (the gateway keeps it).
 """
 
@@ -26,13 +30,16 @@ from rollyard.gateway.bodies.responses import (
 )
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.limits import StrictRoute
+from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
 router = APIRouter(route_class=StrictRoute)
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+LOGPROBS = "message.output_text.logprobs"
 
 
 def parse_input(items: str | list[InputItem]) -> list[Message]:
@@ -97,6 +104,13 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
     elif tc is not None:
         req.tool_choice = tc
     req.ignored = ignored_fields(body, IGNORED)
+    other = [x[:64] for x in body.include or [] if x != LOGPROBS][:16]
+    if other:
+        req.ignored["include"] = other
+    if LOGPROBS in (body.include or []):
+        req.top_logprobs = body.top_logprobs or 0
+    elif body.top_logprobs:
+        req.ignored["top_logprobs"] = body.top_logprobs
     unknown = body.unknown_fields()
     if unknown:
         req.ignored["unknown_fields"] = unknown
@@ -105,13 +119,15 @@ def to_request(body: ResponsesBody, previous: list[Message]) -> ChatRequest:
     return req
 
 
-def _output(r: ChatResult) -> list[dict[str, Any]]:
+def _output(r: ChatResult, tok: Tokenizer | None) -> list[dict[str, Any]]:
+    """``tok``: the tokenizer, when the client asked for logprobs."""
     out: list[dict[str, Any]] = []
     if r.message.reasoning:
         summary = [{"type": "summary_text", "text": r.message.reasoning}]
         out.append({"type": "reasoning", "id": f"rs_{r.request_id[5:]}", "summary": summary})
     if r.message.content or not r.message.tool_calls:
-        part = {"type": "output_text", "text": r.message.content, "annotations": [], "logprobs": []}
+        logprobs = token_logprobs(r, tok) if tok else []
+        part = {"type": "output_text", "text": r.message.content, "annotations": [], "logprobs": logprobs}
         out.append(
             {
                 "type": "message",
@@ -135,7 +151,14 @@ def _output(r: ChatResult) -> list[dict[str, Any]]:
     return out
 
 
-def _response(r: ChatResult | None, rid: str, model: str, req: ChatRequest, created: int) -> dict[str, Any]:
+def _response(
+    r: ChatResult | None,
+    rid: str,
+    model: str,
+    req: ChatRequest,
+    created: int,
+    tok: Tokenizer | None = None,
+) -> dict[str, Any]:
     done = r is not None
     incomplete = r is not None and r.stop_kind == "length"
     usage = None
@@ -156,7 +179,7 @@ def _response(r: ChatResult | None, rid: str, model: str, req: ChatRequest, crea
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "error": None,
         "model": model,
-        "output": _output(r) if r is not None else [],
+        "output": _output(r, tok) if r is not None else [],
         "parallel_tool_calls": False,
         "tool_choice": tc,
         "tools": [{"type": "function", **t.to_dict(), "strict": False} for t in req.tools],
@@ -169,7 +192,7 @@ def _response(r: ChatResult | None, rid: str, model: str, req: ChatRequest, crea
 
 
 async def _frames(
-    items: AsyncIterator[TextDelta | ChatResult], req: ChatRequest, model: str
+    items: AsyncIterator[TextDelta | ChatResult], req: ChatRequest, model: str, tok: Tokenizer | None
 ) -> AsyncIterator[str]:
     seq = 0
     created = int(time.time())
@@ -210,7 +233,7 @@ async def _frames(
             )
             continue
         r = item
-        final = _response(r, rid, model, req, created)
+        final = _response(r, rid, model, req, created, tok)
         outputs = final["output"]
         for o in outputs:
             if o["type"] == "message":
@@ -250,7 +273,7 @@ def from_text_done(ev: Any, msg: dict[str, Any], index: int) -> str:
                 output_index=index,
                 content_index=0,
                 text=part["text"],
-                logprobs=[],
+                logprobs=part["logprobs"],
             ),
             ev(
                 "response.content_part.done",
@@ -275,7 +298,7 @@ def _item_frames(ev: Any, item: dict[str, Any], index: int) -> list[str]:
                 item_id=item["id"],
                 output_index=index,
                 content_index=0,
-                part={**part, "text": ""},
+                part={**part, "text": "", "logprobs": []},
             ),
             ev(
                 "response.output_text.delta",
@@ -320,10 +343,11 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
     gw = gateway(request)
     previous = gw.previous_messages(program, body.previous_response_id) if body.previous_response_id else []
     req = to_request(body, previous)
+    tok = gw.renderer.tok if LOGPROBS in (body.include or []) else None
     if not req.stream:
         r = await gw.chat(program, req)
-        answer = _response(r, r.request_id, req.model or gw.model_name, req, r.created)
+        answer = _response(r, r.request_id, req.model or gw.model_name, req, r.created, tok)
         return FastJSONResponse(answer, headers=r.timing_headers())
     req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
     items = await primed(gw.chat_stream(program, req))
-    return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name), False)
+    return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name, tok), False)

@@ -273,11 +273,14 @@ class Gateway:
     ) -> AsyncIterator[str | Completion]:
         ids: list[int] = []
         lps: list[float] = []
+        top: list[list[tuple[int, float]]] | None = [] if params.top_logprobs else None
         finish = FinishReason.ABORT
         prompt_tokens, version = len(prompt_ids), 0
         async for d in backend.stream(prompt_ids, params):  # type: ignore[attr-defined]
             ids += d.token_ids
             lps += d.logprobs
+            if top is not None:
+                top += d.top_logprobs or [[] for _ in d.token_ids]
             version = d.policy_version or version
             if d.finish_reason is not None:
                 finish = d.finish_reason
@@ -289,6 +292,7 @@ class Gateway:
             prompt_tokens=prompt_tokens,
             policy_version=version,
             engine=getattr(backend, "name", ""),
+            top_logprobs=top,
         )
 
     # recording ------------------------------------------------------------
@@ -308,7 +312,7 @@ class Gateway:
         index = prev.turn_index + 1 if prev else 0
         segment = prev.segment if prev and plan.extends else (prev.segment + 1 if prev else 0)
         flags = ["malformed_tool_call"] if malformed else []
-        if params.regex:
+        if params.constrained:
             flags.append("constrained_decoding")
         if plan.closed_with_eos:
             flags.append("eos_appended_to_previous")
@@ -390,6 +394,7 @@ class Gateway:
             cached_tokens=completion.cached_prompt_tokens or 0,
             completion_ids=completion.token_ids,
             completion_logprobs=completion.logprobs,
+            completion_top_logprobs=completion.top_logprobs,
             malformed_tool_call=malformed,
             request_id=response_id,
             created=int(time.time()),

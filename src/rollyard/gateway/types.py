@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import TopLogprobs
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -111,6 +112,7 @@ class ChatRequest:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives per token the client asked to see (never recorded)
     stream: bool = False
     model: str = ""
     api: str = "openai_chat"
@@ -138,6 +140,7 @@ class ChatResult:
     model: str = ""
     completion_ids: list[int] = field(default_factory=list)
     completion_logprobs: list[float] = field(default_factory=list)  # of the sampled tokens
+    completion_top_logprobs: TopLogprobs | None = None  # when the request asked for them
     engine_s: float = 0.0  # time in the engine call
     gateway_s: float = 0.0  # time in the gateway outside it (lock, render, queue, record)
 

@@ -134,7 +134,6 @@ IGNORED = (
     "parallel_tool_calls",
     "response_format",
     "stop",
-    "top_logprobs",
     "metadata",
     "store",
     "reasoning_effort",

@@ -96,7 +96,6 @@ class FunctionChoice(Part):
 
 IGNORED = (
     "reasoning",
-    "include",
     "store",
     "prompt_cache_key",
     "parallel_tool_calls",
@@ -120,7 +119,8 @@ class ResponsesBody(Body):
     stream: bool | None = False
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
-    include: list[str] | None = None
+    include: list[str] | None = None  # "message.output_text.logprobs" honoured, the rest recorded
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     store: bool | None = None
     prompt_cache_key: str | None = None
     parallel_tool_calls: bool | None = None
