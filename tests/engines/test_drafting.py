@@ -167,7 +167,7 @@ def test_a_sibling_drafts_what_its_group_already_wrote_and_a_stranger_does_not()
 def test_a_request_keeps_drafting_its_own_loop_when_its_siblings_wrote_otherwise() -> None:
     """Pooled counts must not drown a request's own repetition: the group index says 2 -> 3
     (three siblings), this request's own text says 2 -> 9, and it is its own text it repeats."""
-    settings = DrafterSettings(min_match=1, min_prob=0.0)
+    settings = DrafterSettings(min_match=1, group_min_match=1, min_prob=0.0)
     drafter = GroupedSuffixDrafter(_config(), settings)
     siblings = Batch([[1], [1], [1]])
     for t in [2, 3, 4, 2, 3, 4, 2, 3, 4]:

@@ -38,10 +38,15 @@ class DrafterSettings:
     ``budget``: draft tokens per engine step over the whole batch, so drafts shorten as the
     batch fills (speculation is wasted compute on a saturated engine) and stop past ``budget``
     running requests. ``min_match`` / ``min_prob``: draft only after a matched suffix of at least
-    this many tokens and while the draft's estimated chance of being right stays above this."""
+    this many tokens and while the draft's estimated chance of being right stays above this;
+    ``group_min_match``: the longer match a draft from the group's index needs (a sibling's
+    text is weaker evidence than the request's own: on SmolLM2 samples at T = 0.7 replayed offline, 4 instead
+    of 2 raised grouped acceptance from 1.98 to 2.13 tokens per draft, the share of tokens
+    taken from drafts falling from 28% to 22%)."""
 
     budget: int = 64
     min_match: int = 2
+    group_min_match: int = 4  # a sibling's text is weaker evidence than the request's own
     min_prob: float = 0.1
     depth: int = 8
     max_tokens: int = 65536  # per group
@@ -172,7 +177,7 @@ class GroupedSuffixDrafter:
             context = row[max(0, n - s.depth) : n].tolist()
             best, where = own.scored_draft(context, room, s.min_match, s.min_prob), "own"
             if group is not None:
-                pooled = group.scored_draft(context, room, s.min_match, s.min_prob)
+                pooled = group.scored_draft(context, room, s.group_min_match, s.min_prob)
                 if pooled[1] > best[1]:
                     best, where = pooled, "group"
             if best[0]:
