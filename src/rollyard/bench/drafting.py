@@ -33,7 +33,8 @@ G = 16
 K = 4
 TEMPERATURE = 0.7
 MODEL = "smollm2-135m"
-METHODS = {"none": "a", "ngram": "b", "solo_suffix": "c", "grouped_suffix": "d"}
+READ_TIMEOUT_S = 3600.0  # a starved engine on a shared 2-core box can go minutes without a byte
+METHODS = {"none": "a", "grouped_suffix": "d", "solo_suffix": "c", "ngram": "b"}  # run in this order
 QUESTIONS = [
     "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils are left? "
     "Think step by step.",
@@ -70,7 +71,7 @@ async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_to
     """Every prompt G times, groups in order, ``concurrency`` requests at a time."""
     from rollyard.engines.vllm import VLLMBackend
 
-    backend = VLLMBackend(url, max_model_len=2048)
+    backend = VLLMBackend(url, max_model_len=2048, timeout_s=READ_TIMEOUT_S)
     gate = asyncio.Semaphore(concurrency)
     params = SamplingParams(max_tokens=max_tokens, temperature=TEMPERATURE)
 
@@ -129,9 +130,42 @@ def _run_engine(
     return greedy, runs
 
 
+def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: list[int]) -> dict[str, Any]:
+    """The result line from the engines run so far (a method not run yet is left out)."""
+    top = max(levels)
+
+    def accept(method: str, c: int = top) -> float:
+        return float(res[method][c].get("spec_acceptance_len", 1.0))
+
+    def ratio(method: str, c: int = top) -> float:
+        return float(res[method][c]["tok_s"] / res["none"][c]["tok_s"])
+
+    summary: dict[str, Any] = {}
+    for key, method in (
+        ("accept_grouped", "grouped_suffix"),
+        ("accept_alone", "solo_suffix"),
+        ("accept_ngram", "ngram"),
+    ):
+        if method in res:
+            summary[key] = accept(method)
+    if "grouped_suffix" in res:
+        summary["tok_s_ratio"] = ratio("grouped_suffix")
+    for c in levels:
+        for method in res:
+            if method != "none":
+                summary[f"tok_s_ratio_{METHODS.get(method, method)}_c{c}"] = ratio(method, c)
+        for name, method in (("grouped", "grouped_suffix"), ("alone", "solo_suffix")):
+            if method in res:
+                summary[f"accept_{name}_c{c}"] = accept(method, c)
+                summary[f"share_{name}_c{c}"] = float(res[method][c]["accepted_share"])
+    summary["t0_identical"] = all(g == greedy["none"] for g in greedy.values())
+    summary["complete"] = all(m in res for m in METHODS)
+    return summary
+
+
 def main(quick: bool = False) -> dict[str, Any]:
     levels = [16] if quick else [4, 16]
-    sweep = [] if quick else [2, 8]
+    sweep = [8] if quick else [2, 8]
     max_tokens = 48 if quick else 64
     t0 = time.perf_counter()
     model = bench_model()
@@ -141,39 +175,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     load = [loadavg()]
     res: dict[str, Any] = {}
     greedy: dict[str, list[list[int]]] = {}
-    for method in METHODS:
-        drafting = DraftingConfig(method=method, k=K)  # type: ignore[arg-type]
-        greedy[method], res[method] = _run_engine(model, drafting, greedy_prompts, level_prompts, max_tokens)
-        load.append(loadavg())
-    for k in sweep:  # fixed draft length (budget never binds): where drafting stops paying
-        drafting = DraftingConfig(method="grouped_suffix", k=k, budget=k * G)
-        _, res[f"grouped_k{k}"] = _run_engine(model, drafting, [], level_prompts, max_tokens)
-        load.append(loadavg())
-    top = max(levels)
-
-    def accept(method: str, c: int = top) -> float:
-        return float(res[method][c].get("spec_acceptance_len", 1.0))
-
-    def ratio(method: str, c: int = top) -> float:
-        return float(res[method][c]["tok_s"] / res["none"][c]["tok_s"])
-
-    summary: dict[str, Any] = {
-        "accept_grouped": accept("grouped_suffix"),
-        "accept_alone": accept("solo_suffix"),
-        "accept_ngram": accept("ngram"),
-        "tok_s_ratio": ratio("grouped_suffix"),
-    }
-    for c in levels:
-        for method in res:
-            if method != "none":
-                summary[f"tok_s_ratio_{METHODS.get(method, method)}_c{c}"] = ratio(method, c)
-        summary[f"accept_grouped_c{c}"] = accept("grouped_suffix", c)
-        summary[f"accept_alone_c{c}"] = accept("solo_suffix", c)
-        summary[f"share_grouped_c{c}"] = float(res["grouped_suffix"][c]["accepted_share"])
-        summary[f"share_alone_c{c}"] = float(res["solo_suffix"][c]["accepted_share"])
-    summary["t0_identical"] = all(greedy[m] == greedy["none"] for m in METHODS)
-    summary["loadavg"] = load[-1].split()[0]
-    details = {
+    details: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct (rollyard model init --from smollm2-135m), no further SFT",
         "temperature": TEMPERATURE,
         "group_size": G,
@@ -182,8 +184,27 @@ def main(quick: bool = False) -> dict[str, Any]:
         "k": K,
         "k_sweep": sweep,
         "levels": levels,
-        "results": {m: {str(c): r for c, r in runs.items()} for m, runs in res.items()},
+        "results": res,
         "loadavg_per_engine": load,
-        "wall_s": time.perf_counter() - t0,
     }
-    return report("drafting", summary, details)
+    engines: list[tuple[str, DraftingConfig]] = [
+        (m, DraftingConfig(method=m, k=K))  # type: ignore[arg-type]
+        for m in METHODS
+    ]
+    # fixed draft length (the budget never binds): where drafting stops paying
+    engines += [(f"grouped_k{k}", DraftingConfig(method="grouped_suffix", k=k, budget=k * G)) for k in sweep]
+    doc: dict[str, Any] = {}
+    for name, drafting in engines:
+        g, runs = _run_engine(
+            model, drafting, greedy_prompts if name in METHODS else [], level_prompts, max_tokens
+        )
+        if name in METHODS:
+            greedy[name] = g
+        res[name] = {str(c): r for c, r in runs.items()}
+        load.append(loadavg())
+        details["wall_s"] = time.perf_counter() - t0
+        # written after every engine, so a run cut short still leaves what it measured
+        summary = _summary({m: {int(c): r for c, r in v.items()} for m, v in res.items()}, greedy, levels)
+        summary["loadavg"] = load[-1].split()[0]
+        doc = report("drafting", summary, details)
+    return doc
