@@ -11,9 +11,11 @@ temperature for a small model; at T = 1 this 135M model drifts into garbled text
 dozen tokens, which no RL run would train on), against four engines started one after another:
 (a) no drafting, (b) vLLM ``ngram`` (prompt lookup), (c) ours with no group (each request alone),
 (d) ours grouped, all with k = 4; then (d) again at k = 2 and k = 8 with the adaptive length off,
-for the break-even. Each concurrency level runs its own questions, so no group's index holds
-samples from an earlier level. Acceptance length (1 + accepted / drafts) comes from each
-engine's ``/metrics``; decode speed is completion tokens / wall time of the whole workload. At
+for the break-even (``--quick``: concurrency 16 only, 48 tokens, k = 8 only). Each concurrency
+level runs its own question, so no group's index holds samples from an earlier level. vLLM
+turns async scheduling off for a ``custom_class`` drafter (not for (a) or (b)): that cost is
+part of the measured ratio. The result is written after every engine. Acceptance length
+(1 + accepted / drafts) comes from each engine's ``/metrics``; decode speed is completion tokens / wall time of the whole workload. At
 T = 0 every engine's outputs must be identical (drafting must not change what is sampled).
 """
 
