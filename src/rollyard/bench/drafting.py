@@ -15,8 +15,9 @@ for the break-even (``--quick``: concurrency 16 only, 48 tokens, k = 8 only). Ea
 level runs its own question, so no group's index holds samples from an earlier level. vLLM
 turns async scheduling off for a ``custom_class`` drafter (not for (a) or (b)): that cost is
 part of the measured ratio. The result is written after every engine. Acceptance length
-(1 + accepted / drafts) comes from each engine's ``/metrics``; decode speed is completion tokens / wall time of the whole workload. At
-T = 0 every engine's outputs must be identical (drafting must not change what is sampled).
+(1 + accepted / drafts) comes from each engine's ``/metrics``; decode speed is completion
+tokens / wall time of the whole workload. At T = 0 every engine's outputs must be identical
+(drafting must not change what is sampled).
 """
 
 from __future__ import annotations
