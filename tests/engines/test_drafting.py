@@ -256,3 +256,15 @@ def test_the_drafting_config_becomes_vllm_flags_and_environment() -> None:
     }
     assert cfg.environment() == {"ROLLYARD_DRAFT_BUDGET": "32"}
     assert json.loads(DraftingConfig.parse("ngram").engine_args()[1])["method"] == "ngram"
+
+
+def test_replayed_siblings_that_share_an_answer_draft_it_from_the_group_only() -> None:
+    from rollyard.engines.drafting.replay import replay
+
+    answer = list(range(50, 70))
+    outputs = [[*range(80, 80 + 2 * i), *answer] for i in range(4)]  # later ones start it later
+    cfg = _config()
+    grouped = replay(GroupedSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
+    solo = replay(SoloSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
+    assert solo.accepted == 0 and solo.tokens == grouped.tokens == 4 * 20 + 2 * 6
+    assert grouped.accepted > 0 and grouped.acceptance_len > 1.0 and 0 < grouped.share < 1
