@@ -164,6 +164,42 @@ def test_a_sibling_drafts_what_its_group_already_wrote_and_a_stranger_does_not()
         assert (drafts[0] == answer[2:6]) is expect_hit, (cls.__name__, drafts)
 
 
+def test_a_request_keeps_drafting_its_own_loop_when_its_siblings_wrote_otherwise() -> None:
+    """Pooled counts must not drown a request's own repetition: the group index says 2 -> 3
+    (three siblings), this request's own text says 2 -> 9, and it is its own text it repeats."""
+    settings = DrafterSettings(min_match=1, group_min_match=1, min_prob=0.0)
+    drafter = GroupedSuffixDrafter(_config(), settings)
+    siblings = Batch([[1], [1], [1]])
+    for t in [2, 3, 4, 2, 3, 4, 2, 3, 4]:
+        siblings.step(drafter, [t, t, t])
+    looping = Batch([[1]])
+    drafts = [looping.step(drafter, [t])[0] for t in [2, 9, 2, 9, 2, 9, 2]]
+    assert drafts[-1][:2] == [9, 2], drafts
+    assert drafter.picked["own"] > 0 and drafter.picked["group"] > 0
+
+
+def test_own_indexes_are_bounded_and_rebuilt_from_the_row_when_dropped() -> None:
+    drafter = SoloSuffixDrafter(_config(), DrafterSettings(max_requests=2, min_match=1, min_prob=0.0))
+    batch = Batch([[7, 8], [5, 6], [3, 4]])  # three requests, room for two own indexes
+    batch.step(drafter, [7, 5, 3])
+    assert len(drafter.own) == 2
+    drafts = batch.step(drafter, [8, 6, 4])  # the first one's index was dropped: rebuilt
+    assert len(drafter.own) == 2 and drafts[0][:1] == [7]  # its prompt 7 8 7 8: 7 follows 8
+
+
+def test_a_draft_scores_its_expected_accepted_tokens_and_the_prior_discounts_thin_evidence() -> None:
+    index = SuffixIndex(depth=2)
+    index.extend("a", [1, 2, 3, 4])
+    assert index.scored_draft([1, 2], k=2) == ([3, 4], 2.0)  # each seen once, always followed
+    cautious = SuffixIndex(depth=2, prior=1.0)
+    cautious.extend("a", [1, 2, 3, 4])
+    tokens, score = cautious.scored_draft([1, 2], k=2)
+    assert tokens == [3, 4] and score == 0.5 + 0.25
+    for seq in "bcd":  # three more sightings of 2 -> 3: the estimate firms up
+        cautious.extend(seq, [1, 2, 3])
+    assert cautious.continuation([1, 2])[:2] == (3, 4 / 5)
+
+
 def test_draft_length_shrinks_as_the_batch_fills() -> None:
     s = DrafterSettings(budget=16)
     assert [s.draft_len(8, b) for b in (1, 2, 4, 8, 16, 17)] == [8, 8, 4, 2, 1, 0]
@@ -220,3 +256,15 @@ def test_the_drafting_config_becomes_vllm_flags_and_environment() -> None:
     }
     assert cfg.environment() == {"ROLLYARD_DRAFT_BUDGET": "32"}
     assert json.loads(DraftingConfig.parse("ngram").engine_args()[1])["method"] == "ngram"
+
+
+def test_replayed_siblings_that_share_an_answer_draft_it_from_the_group_only() -> None:
+    from rollyard.engines.drafting.replay import replay
+
+    answer = list(range(50, 70))
+    outputs = [[*range(80, 80 + 2 * i), *answer] for i in range(4)]  # later ones start it later
+    cfg = _config()
+    grouped = replay(GroupedSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
+    solo = replay(SoloSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
+    assert solo.accepted == 0 and solo.tokens == grouped.tokens == 4 * 20 + 2 * 6
+    assert grouped.accepted > 0 and grouped.acceptance_len > 1.0 and 0 < grouped.share < 1

@@ -1,26 +1,28 @@
 """``rollyard bench drafting``: grouped speculative drafting against its baselines on real vLLM.
 
-The model: the tiny model after a short SFT (``rollyard.train.sft.run_sft``) on templated
-tool-use demonstrations (a user asks for a key of a config file; the assistant calls ``bash``
-with a grep, then reports the key's value in a fixed multi-line form with one of a few
-phrasings in it), so at T = 1 it writes
-repetitive structured text with varied slots, as a policy warm-started on a task family does.
-It is made once per recipe and cached under ``.cache/bench-models``.
+The model: SmolLM2-135M-Instruct (``rollyard model init --from smollm2-135m``), a real
+pretrained model, not SFT'd further. Its samples of one prompt share much text (the restated
+question, the same steps, the same phrases), as a policy's group does in RL. The 3.5M tiny
+model after a short SFT did not: at T = 1 its samples were near-random text (acceptance 1.03-1.24
+for every drafter, ``bench/results/drafting.json`` before this version).
 
-Workload: P prompts x G = 16 samples at T = 1, one group after another, at concurrency 4 and
-16, against four engines started one after another on the same model: (a) no drafting,
-(b) vLLM ``ngram`` (prompt lookup), (c) ours with no group (each request alone), (d) ours
-grouped. Acceptance length (1 + accepted / drafts) comes from each engine's ``/metrics``;
-decode speed is completion tokens / wall time of the whole workload. At T = 0 the four engines'
-outputs on the same prompts must be identical (drafting must not change what is sampled).
+Workload: groups of G = 16 samples of one short reasoning question at T = 0.7 (a usual rollout
+temperature for a small model; at T = 1 this 135M model drifts into garbled text within a few
+dozen tokens, which no RL run would train on), against four engines started one after another:
+(a) no drafting, (b) vLLM ``ngram`` (prompt lookup), (c) ours with no group (each request alone),
+(d) ours grouped, all with k = 4; then (d) again at k = 2 and k = 8 with the adaptive length off,
+for the break-even (``--quick``: concurrency 16 only, 48 tokens, k = 8 only). Each concurrency
+level runs its own question, so no group's index holds samples from an earlier level. vLLM
+turns async scheduling off for a ``custom_class`` drafter (not for (a) or (b)): that cost is
+part of the measured ratio. The result is written after every engine. Acceptance length
+(1 + accepted / drafts) comes from each engine's ``/metrics``; decode speed is completion
+tokens / wall time of the whole workload. At T = 0 every engine's outputs must be identical
+(drafting must not change what is sampled).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -31,103 +33,50 @@ from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.metrics import acceptance
 
 G = 16
-SFT_LR, SFT_DEMOS = 3e-3, 400
-METHODS = {"none": "a", "ngram": "b", "solo_suffix": "c", "grouped_suffix": "d"}
-KEYS = ["color", "port", "owner", "region", "timeout", "level", "mode", "limit", "codec", "zone"]
-VALUES = ["teal", "8080", "alice", "eu-west", "30s", "debug", "fast", "512", "opus", "b"]
-PHRASES = [
-    "The {k} is {v}.",
-    "I found it: {k} = {v}.",
-    "According to config.ini, the {k} is set to {v}.",
-    "The value of {k} in config.ini is {v}.",
+K = 4
+TEMPERATURE = 0.7
+MODEL = "smollm2-135m"
+READ_TIMEOUT_S = 3600.0  # a starved engine on a shared 2-core box can go minutes without a byte
+METHODS = {"none": "a", "grouped_suffix": "d", "solo_suffix": "c", "ngram": "b"}  # run in this order
+QUESTIONS = [
+    "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils are left? "
+    "Think step by step.",
+    "A train travels 60 km in 45 minutes. What is its average speed in km per hour? Explain.",
+    "Sara reads 15 pages a day. How many days does she need for a 240-page book? Show your work.",
+    "A shop sells pens at 3 for 2 dollars. How much do 18 pens cost? Explain your reasoning.",
+    "What is 25% of 360? Explain how you compute it.",
 ]
-REPORT = (
-    "I ran grep on config.ini and found the setting.\n- key: {k}\n- value: {v}\n- file: config.ini\n"
-    "- line: {k}={v}\n{phrase}\nLet me know if you need any other value from config.ini."
-)
 
 
-def _conversation(key: str, value: str, rng: random.Random) -> tuple[list[dict[str, Any]], str]:
-    from rollyard.engines import format_tool_call
+def bench_model() -> Path:
+    """SmolLM2-135M-Instruct as a rollyard model directory, made once (offline from pip's cache)."""
+    from rollyard.engines.pretrained import init_pretrained
 
-    call = format_tool_call("bash", {"cmd": f"grep {key}= config.ini"})
-    msgs = [
-        {"role": "user", "content": f"What is the {key} in config.ini? Use the bash tool."},
-        {"role": "assistant", "content": call},
-        {"role": "tool", "content": f"{key}={value}"},
-    ]
-    phrase = rng.choice(PHRASES).format(k=key, v=value)
-    return msgs, REPORT.format(k=key, v=value, phrase=phrase)
+    return init_pretrained(MODEL, Path(".cache/bench-models") / MODEL)
 
 
-def _demonstrations(tok: Any, n: int, seed: int) -> list[dict[str, list[int]]]:
-    """Both turns of each conversation, as (prompt, completion) token ids."""
-    from rollyard.engines import render_conversation
-
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        key, value = rng.choice(KEYS), rng.choice(VALUES)
-        msgs, answer = _conversation(key, value, rng)
-        for upto, completion in ((1, msgs[1]["content"]), (3, answer)):
-            prompt = render_conversation(msgs[:upto], add_generation_prompt=True)
-            full = render_conversation(
-                [*msgs[:upto], {"role": "assistant", "content": completion}], add_generation_prompt=False
-            )
-            p_ids = tok.encode(prompt, add_special_tokens=False)
-            f_ids = tok.encode(full, add_special_tokens=False)
-            if f_ids[: len(p_ids)] == p_ids:
-                out.append({"prompt_ids": p_ids, "completion_ids": f_ids[len(p_ids) :]})
-    return out
-
-
-def bench_model(steps: int) -> Path:
-    """The SFT'd tiny model, made once per version of its demonstrations and cached."""
-    from transformers import AutoTokenizer
-
-    from rollyard.engines.tiny_model import create_model
-    from rollyard.train.sft import run_sft
-
-    recipe = json.dumps([KEYS, VALUES, PHRASES, REPORT, steps, SFT_LR, SFT_DEMOS])
-    key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
-    root = Path(".cache/bench-models") / f"drafting-{key}-{steps}"
-    done = root / "model.json"
-    if done.is_file():
-        return Path(json.loads(done.read_text())["weights"])
-    base = create_model(root / "base", seed=0, size="tiny", overwrite=True)
-    tok = AutoTokenizer.from_pretrained(base)
-    data = root / "demos.jsonl"
-    data.write_text("".join(json.dumps(d) + "\n" for d in _demonstrations(tok, SFT_DEMOS, seed=0)))
-    res = run_sft(base, data, root / "sft", steps=steps, batch_size=16, lr=SFT_LR, seed=0)
-    done.write_text(json.dumps({"weights": res["weights"], "losses": res["losses"][-5:]}))
-    return Path(res["weights"])
-
-
-def _prompts(model: Path, n: int) -> list[list[int]]:
-    """Second-turn prompts (after the tool result) for ``n`` keys the model was trained on."""
+def _prompts(model: Path) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from rollyard.engines import render_conversation
 
     tok = AutoTokenizer.from_pretrained(model)
-    rng = random.Random(1)
-    out = []
-    for i in range(n):
-        msgs, _ = _conversation(KEYS[i], VALUES[(i + 3) % len(VALUES)], rng)
-        out.append(
-            tok.encode(render_conversation(msgs, add_generation_prompt=True), add_special_tokens=False)
+    return [
+        tok.encode(
+            render_conversation([{"role": "user", "content": q}], add_generation_prompt=True),
+            add_special_tokens=False,
         )
-    return out
+        for q in QUESTIONS
+    ]
 
 
 async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict[str, Any]:
-    """Every prompt G times at T = 1, groups in order, ``concurrency`` requests at a time."""
+    """Every prompt G times, groups in order, ``concurrency`` requests at a time."""
     from rollyard.engines.vllm import VLLMBackend
 
-    backend = VLLMBackend(url, max_model_len=2048)
+    backend = VLLMBackend(url, max_model_len=2048, timeout_s=READ_TIMEOUT_S)
     gate = asyncio.Semaphore(concurrency)
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=1.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=TEMPERATURE)
 
     async def one(prompt: list[int]) -> int:
         async with gate:
@@ -142,7 +91,18 @@ async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_to
     finally:
         await backend.aclose()
     tokens = sum(lengths)
-    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, **drafted}
+    # acceptance length counts only steps that drafted; the share of all tokens that came from
+    # accepted drafts says how much of the decoding the drafter took over
+    share = drafted.get("spec_accepted_tokens", 0) / max(tokens, 1)
+    load1 = loadavg().split()[0]
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
+        "accepted_share": share,
+        "load1": load1,
+        **drafted,
+    }
 
 
 async def _greedy(url: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -150,65 +110,104 @@ async def _greedy(url: str, prompts: list[list[int]]) -> list[list[int]]:
 
     backend = VLLMBackend(url, max_model_len=2048)
     try:
-        params = SamplingParams(max_tokens=48, temperature=0.0)
+        params = SamplingParams(max_tokens=32, temperature=0.0)
         return [(await backend.generate(p, params)).token_ids for p in prompts]
     finally:
         await backend.aclose()
 
 
 def _run_engine(
-    model: Path, method: str, k: int, prompts: list[list[int]], levels: list[int], max_tokens: int
+    model: Path,
+    drafting: DraftingConfig,
+    greedy_prompts: list[list[int]],
+    level_prompts: dict[int, list[list[int]]],
+    max_tokens: int,
 ) -> tuple[list[list[int]], dict[int, dict[str, Any]]]:
     from rollyard.engines.launcher import VLLMServer
 
-    drafting = DraftingConfig(method=method, k=k)  # type: ignore[arg-type]
     with VLLMServer(
         model, max_model_len=2048, kv_tokens=16384, drafting=drafting, startup_timeout_s=600
     ) as s:
-        greedy = asyncio.run(_greedy(s.url, prompts))
-        runs = {c: asyncio.run(_workload(s.url, prompts, c, max_tokens)) for c in levels}
+        greedy = asyncio.run(_greedy(s.url, greedy_prompts)) if greedy_prompts else []
+        runs = {c: asyncio.run(_workload(s.url, p, c, max_tokens)) for c, p in level_prompts.items()}
     return greedy, runs
 
 
-def main(quick: bool = False) -> dict[str, Any]:
-    k = 4
-    levels = [16] if quick else [4, 16]
-    n_prompts, max_tokens, sft_steps = (1, 48, 40) if quick else (2, 64, 40)
-    t0 = time.perf_counter()
-    model = bench_model(sft_steps)
-    prompts = _prompts(model, n_prompts)
-    load = [loadavg()]
-    res: dict[str, Any] = {}
-    greedy: dict[str, list[list[int]]] = {}
-    for method in METHODS:
-        greedy[method], res[method] = _run_engine(model, method, k, prompts, levels, max_tokens)
-        load.append(loadavg())
+def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: list[int]) -> dict[str, Any]:
+    """The result line from the engines run so far (a method not run yet is left out)."""
     top = max(levels)
 
     def accept(method: str, c: int = top) -> float:
         return float(res[method][c].get("spec_acceptance_len", 1.0))
 
-    summary: dict[str, Any] = {
-        "accept_grouped": accept("grouped_suffix"),
-        "accept_alone": accept("solo_suffix"),
-        "accept_ngram": accept("ngram"),
-        "tok_s_ratio": res["grouped_suffix"][top]["tok_s"] / res["none"][top]["tok_s"],
-    }
+    def ratio(method: str, c: int = top) -> float:
+        return float(res[method][c]["tok_s"] / res["none"][c]["tok_s"])
+
+    summary: dict[str, Any] = {}
+    for key, method in (
+        ("accept_grouped", "grouped_suffix"),
+        ("accept_alone", "solo_suffix"),
+        ("accept_ngram", "ngram"),
+    ):
+        if method in res:
+            summary[key] = accept(method)
+    if "grouped_suffix" in res:
+        summary["tok_s_ratio"] = ratio("grouped_suffix")
     for c in levels:
-        for method in ("ngram", "solo_suffix", "grouped_suffix"):
-            summary[f"tok_s_ratio_{METHODS[method]}_c{c}"] = res[method][c]["tok_s"] / res["none"][c]["tok_s"]
-        summary[f"accept_grouped_c{c}"] = accept("grouped_suffix", c)
-    summary["t0_identical"] = all(greedy[m] == greedy["none"] for m in METHODS)
-    summary["loadavg"] = load[-1].split()[0]
-    details = {
-        "model": f"tiny (3.5M Llama) after {sft_steps} SFT steps on templated tool-use demonstrations",
+        for method in res:
+            if method != "none":
+                summary[f"tok_s_ratio_{METHODS.get(method, method)}_c{c}"] = ratio(method, c)
+        for name, method in (("grouped", "grouped_suffix"), ("alone", "solo_suffix")):
+            if method in res:
+                summary[f"accept_{name}_c{c}"] = accept(method, c)
+                summary[f"share_{name}_c{c}"] = float(res[method][c]["accepted_share"])
+    summary["t0_identical"] = all(g == greedy["none"] for g in greedy.values())
+    summary["complete"] = all(m in res for m in METHODS)
+    return summary
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    levels = [16] if quick else [4, 16]
+    sweep = [8] if quick else [2, 8]
+    max_tokens = 48 if quick else 64
+    t0 = time.perf_counter()
+    model = bench_model()
+    prompts = _prompts(model)
+    greedy_prompts = prompts[:1]
+    level_prompts = {c: [prompts[1 + i]] for i, c in enumerate(levels)}  # one fresh group per level
+    load = [loadavg()]
+    res: dict[str, Any] = {}
+    greedy: dict[str, list[list[int]]] = {}
+    details: dict[str, Any] = {
+        "model": "SmolLM2-135M-Instruct (rollyard model init --from smollm2-135m), no further SFT",
+        "temperature": TEMPERATURE,
         "group_size": G,
-        "prompts": n_prompts,
+        "questions": {str(c): QUESTIONS[1 + i] for i, c in enumerate(levels)},
         "max_tokens": max_tokens,
-        "k": k,
+        "k": K,
+        "k_sweep": sweep,
         "levels": levels,
-        "results": {m: {str(c): r for c, r in runs.items()} for m, runs in res.items()},
+        "results": res,
         "loadavg_per_engine": load,
-        "wall_s": time.perf_counter() - t0,
     }
-    return report("drafting", summary, details)
+    engines: list[tuple[str, DraftingConfig]] = [
+        (m, DraftingConfig(method=m, k=K))  # type: ignore[arg-type]
+        for m in METHODS
+    ]
+    # fixed draft length (the budget never binds): where drafting stops paying
+    engines += [(f"grouped_k{k}", DraftingConfig(method="grouped_suffix", k=k, budget=k * G)) for k in sweep]
+    doc: dict[str, Any] = {}
+    for name, drafting in engines:
+        g, runs = _run_engine(
+            model, drafting, greedy_prompts if name in METHODS else [], level_prompts, max_tokens
+        )
+        if name in METHODS:
+            greedy[name] = g
+        res[name] = {str(c): r for c, r in runs.items()}
+        load.append(loadavg())
+        details["wall_s"] = time.perf_counter() - t0
+        # written after every engine, so a run cut short still leaves what it measured
+        summary = _summary({m: {int(c): r for c, r in v.items()} for m, v in res.items()}, greedy, levels)
+        summary["loadavg"] = load[-1].split()[0]
+        doc = report("drafting", summary, details)
+    return doc

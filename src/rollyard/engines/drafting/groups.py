@@ -84,12 +84,14 @@ class GroupIndexes:
         expire_s: float = 600.0,
         depth: int = 8,
         max_tokens: int = 65536,
+        prior: float = 0.0,
     ) -> None:
         self.clock = clock
         self.max_groups = max_groups
         self.expire_s = expire_s
         self.depth = depth
         self.max_tokens = max_tokens
+        self.prior = prior
         self._groups: OrderedDict[int, tuple[SuffixIndex, float]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -106,7 +108,7 @@ class GroupIndexes:
     def get(self, gid: int) -> SuffixIndex:
         """The group's index (a fresh one if it is new or was dropped), marked as used now."""
         entry = self._groups.pop(gid, None)
-        index = entry[0] if entry else SuffixIndex(self.depth, self.max_tokens)
+        index = entry[0] if entry else SuffixIndex(self.depth, self.max_tokens, self.prior)
         self._groups[gid] = (index, self.clock())
         while len(self._groups) > self.max_groups:
             self._groups.popitem(last=False)

@@ -23,11 +23,14 @@ from collections.abc import Hashable, Sequence
 class SuffixIndex:
     """Next-token counts after contexts of 1..depth tokens over a group's sequences."""
 
-    def __init__(self, depth: int = 8, max_tokens: int = 65536) -> None:
-        if depth < 1 or max_tokens < 0:
-            raise ValueError(f"depth must be >= 1 and max_tokens >= 0 (got {depth}, {max_tokens})")
+    def __init__(self, depth: int = 8, max_tokens: int = 65536, prior: float = 0.0) -> None:
+        if depth < 1 or max_tokens < 0 or prior < 0:
+            raise ValueError(
+                f"depth must be >= 1, max_tokens and prior >= 0 (got {depth}, {max_tokens}, {prior})"
+            )
         self.depth = depth
         self.max_tokens = max_tokens
+        self.prior = prior  # pseudo-count of "something else": thin evidence is not certainty
         self.tokens = 0  # how many tokens were inserted
         self._next: dict[tuple[int, ...], dict[int, int]] = {}
         self._tails: dict[Hashable, list[int]] = {}
@@ -70,15 +73,24 @@ class SuffixIndex:
             counts = self._next.get(tuple(context[-d:]))
             if counts:
                 token = max(counts, key=counts.__getitem__)  # ties: the first seen
-                return token, counts[token] / sum(counts.values()), d
+                return token, counts[token] / (sum(counts.values()) + self.prior), d
         return None
 
     def draft(self, context: Sequence[int], k: int, min_match: int = 1, min_prob: float = 0.0) -> list[int]:
         """Up to ``k`` tokens continuing ``context``, greedily, while the whole draft's estimated
         chance of being right stays >= ``min_prob``."""
+        return self.scored_draft(context, k, min_match, min_prob)[0]
+
+    def scored_draft(
+        self, context: Sequence[int], k: int, min_match: int = 1, min_prob: float = 0.0
+    ) -> tuple[list[int], float]:
+        """``draft`` and its score: the expected number of its tokens accepted (the sum over
+        positions of the estimated chance that the draft is right up to there), so drafts from
+        two indexes can be compared."""
         ctx = [int(t) for t in context[-self.depth :]]
         out: list[int] = []
         p = 1.0
+        score = 0.0
         while len(out) < k:
             hit = self.continuation(ctx, min_match)
             if hit is None:
@@ -88,7 +100,8 @@ class SuffixIndex:
             if p < min_prob:
                 break
             out.append(token)
+            score += p
             ctx.append(token)
             if len(ctx) > self.depth:
                 del ctx[0]
-        return out
+        return out, score
