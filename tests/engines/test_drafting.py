@@ -259,7 +259,7 @@ def test_the_drafting_config_becomes_vllm_flags_and_environment() -> None:
 
 
 def test_replayed_siblings_that_share_an_answer_draft_it_from_the_group_only() -> None:
-    from rollyard.engines.drafting.replay import replay
+    from tests.engines.drafting_replay import replay
 
     answer = list(range(50, 70))
     outputs = [[*range(80, 80 + 2 * i), *answer] for i in range(4)]  # later ones start it later

@@ -7,7 +7,6 @@ standard library.
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.drafting.groups import GroupIndexes, GroupTable
 from rollyard.engines.drafting.proposer import DrafterSettings, GroupedSuffixDrafter, SoloSuffixDrafter
-from rollyard.engines.drafting.replay import ReplayStats, replay
 from rollyard.engines.drafting.rows import Request, RowTracker
 from rollyard.engines.drafting.suffix import SuffixIndex
 
@@ -17,10 +16,8 @@ __all__ = [
     "GroupIndexes",
     "GroupTable",
     "GroupedSuffixDrafter",
-    "ReplayStats",
     "Request",
     "RowTracker",
     "SoloSuffixDrafter",
     "SuffixIndex",
-    "replay",
 ]
