@@ -17,6 +17,7 @@ from rollyard.rollout.config import Config, builtin_config, resolve_paths
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.report import make_report
 from rollyard.rollout.rundir import RunDir
+from rollyard.rollout.stats import first_call
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -207,3 +208,36 @@ async def test_a_pretrained_smollm2_run_converts_serves_and_trains(tmp_path: Pat
     row = run.read_metrics()[-1]
     assert row["step"] == 1 and row["train_trained_tokens"] > 0
     assert 0 < row["train_trainable_params"] < 20_000_000  # 4 of 30 layers (~3.5M each) + the norm
+
+
+async def test_held_out_evaluation_reports_what_the_agent_did_first(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """Each held-out evaluation row says how its episodes opened (`eval_first_<tool>`, shares that
+    add up to 1) and how each opening went; the journal's eval programs agree with the shares."""
+    cfg = make_config(
+        **{
+            "run.steps": 1,
+            "tasks.eval": {"family": "stage", "n": 2, "seed": 9},
+            "eval.samples": 2,
+            "eval.every": 1,
+        }
+    )
+    run = RunDir(tmp_path / "run")
+    await train(cfg, run)
+    evals = [r for r in run.read_metrics() if "eval_success" in r]
+    assert [r["step"] for r in evals] == [0, 1]
+    for r in evals:
+        shares = {k: v for k, v in r.items() if k.startswith("eval_first_")}
+        assert shares and sum(shares.values()) == pytest.approx(1.0)
+        assert all(f"eval_success_first_{k.removeprefix('eval_first_')}" in r for k in shares)
+    journal = SqliteJournal(run.root / "journal.db")
+    try:
+        step0 = [journal.trajectory(i) for i in journal.program_ids()]
+        step0 = [t for t in step0 if t.group_id.startswith("eval-step0-")]
+    finally:
+        journal.close()
+    assert len(step0) == 4
+    for k, v in evals[0].items():
+        if k.startswith("eval_first_"):
+            assert sum(first_call(t) == k.removeprefix("eval_first_") for t in step0) == round(v * 4)
