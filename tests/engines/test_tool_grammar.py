@@ -112,3 +112,16 @@ def test_an_admitted_call_parses_back_to_its_arguments() -> None:
     assert admits(tool_call_grammar([("edit", EDIT)], 4096), "edit", args)
     parsed = parse_assistant(format_tool_call("edit", args))
     assert parsed.tool_calls[0].arguments == args
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"type": "object", "properties": [{}]},  # found by the gateway fuzz test: was a 500
+        {"type": "object", "properties": {"a": {"type": "string", "maxLength": "x"}}},
+        {"type": "object", "properties": {"a": {"type": "array", "minItems": {}}}},
+    ],
+)
+def test_parameters_that_are_not_a_json_schema_are_a_clear_error(params: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest, match="its parameters are not a JSON schema"):
+        tool_call_grammar([("broken", params)], 64)

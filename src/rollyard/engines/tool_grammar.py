@@ -162,7 +162,10 @@ def _grammar(tools_json: str, budget: int) -> str:
     for name, params in json.loads(tools_json):
         prefix, suffix = tool_call_frame(name)
         schema = params if isinstance(params, dict) and params else {"type": "object"}
-        args = _fit(schema, budget - len(prefix) - len(suffix))
+        try:
+            args = _fit(schema, budget - len(prefix) - len(suffix))
+        except (TypeError, ValueError, AttributeError) as e:  # e.g. properties as a list, maxLength "x"
+            raise InvalidRequest(f"tool {name!r}: its parameters are not a JSON schema: {e}") from e
         try:
             g = xgr.Grammar.from_json_schema(
                 json.dumps(args), any_whitespace=False, separators=(", ", ": "), strict_mode=True
