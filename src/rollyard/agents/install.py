@@ -21,11 +21,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from rollyard.core.atomic import replace_dir
 from rollyard.core.cache import cache_dir
 from rollyard.core.errors import ConfigError
 
@@ -129,18 +129,13 @@ def install(name: str, *, force: bool = False) -> AgentCLI:
     cli = _cli(name)
     if installed(name) and not force:
         return cli
-    cli.dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cli.name}-", dir=cli.dir.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         wanted = (_install_pypi if cli.source == "pypi" else _install_npm)(cli, tmp)
         meta = {"name": cli.name, "package": cli.package, "version": cli.version, "installed": wanted}
         (tmp / "installed.json").write_text(json.dumps(meta, indent=1))
-        if cli.dir.exists():
-            shutil.rmtree(cli.dir)
-        os.replace(tmp, cli.dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(cli.dir, fill)
     # readable by the sandbox's unprivileged user, whatever this process's umask
     for root, dirs, files in os.walk(cli.dir):
         for d in dirs:

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollyard.core.atomic import replace_dir
 from rollyard.core.cache import cache_dir
 from rollyard.core.errors import ConfigError
 from rollyard.engines import chat_template as ct
@@ -124,24 +124,9 @@ def init_pretrained(name: str, out_dir: str | Path, *, overwrite: bool = False) 
     if not _is_done(converted, name):
         _convert(name, PRETRAINED[name], converted)
     if out.resolve() != converted.resolve():
-        _replace_dir(out, lambda tmp: shutil.copytree(converted, tmp, dirs_exist_ok=True))
+        replace_dir(out, lambda tmp: shutil.copytree(converted, tmp, dirs_exist_ok=True))
     log.info("model from=%s dir=%s", name, out)
     return out
-
-
-def _replace_dir(out: Path, fill: Callable[[Path], object]) -> None:
-    """Fill a fresh sibling directory, then swap it in: ``out`` is never half-written."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    tmp.chmod(0o755)
-    try:
-        fill(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _convert(name: str, spec: Pretrained, out: Path) -> None:
@@ -194,5 +179,5 @@ def _convert(name: str, spec: Pretrained, out: Path) -> None:
             f.chmod(0o644)
 
     params = sum(v.numel() for v in state.values())
-    _replace_dir(out, fill)
+    replace_dir(out, fill)
     log.info("converted model from=%s params=%d dir=%s", name, params, out)

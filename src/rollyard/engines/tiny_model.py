@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
-import shutil
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from rollyard.core.atomic import replace_dir
 from rollyard.core.errors import ConfigError
 from rollyard.engines import chat_template as ct
 
@@ -179,21 +177,15 @@ def create_model(
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, bos_token_id=None
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    tmp.chmod(0o755)
-    try:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "rollyard.json").write_text(
             json.dumps({"size": size, "seed": seed, "policy_version": 0, "params": model.num_parameters()})
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(out, fill)
     log.info("created model size=%s seed=%d params=%d dir=%s", size, seed, model.num_parameters(), out)
     return out
 
