@@ -18,7 +18,7 @@ from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.blackbox.runner import RunResult
 from rollyard.agents.install import CLIS, install, installed, require
 from rollyard.core.errors import ConfigError
-from rollyard.core.trajectory import Trajectory
+from rollyard.core.trajectory import Trajectory, extends
 from rollyard.sandbox.base import SandboxProvider
 
 from .conftest import ADMIN, new_program
@@ -61,8 +61,7 @@ def assert_token_exact(traj: Trajectory) -> None:
         assert t.prompt_ids and len(t.completion_ids) == len(t.completion_logprobs) > 0
     for seg in traj.segments:
         for a, b in zip(seg.turns, seg.turns[1:], strict=False):
-            n = len(a.prompt_ids) + len(a.completion_ids)
-            assert b.prompt_ids[:n] == a.prompt_ids + a.completion_ids
+            assert extends(a, b.prompt_ids)
 
 
 async def run_cli(

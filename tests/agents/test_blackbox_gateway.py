@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
-from rollyard.core.trajectory import Trajectory
+from rollyard.core.trajectory import Trajectory, extends
 from rollyard.sandbox.base import SandboxProvider
 
 from .conftest import ADMIN, new_program
@@ -58,9 +58,7 @@ async def test_a_sandboxed_sdk_agent_is_recorded_token_exact_and_fenced_in(
         assert t.sampling["temperature"] == 1.0 and t.sampling["max_tokens"] <= 24
     for seg in traj.segments:  # within a segment each prompt extends the previous prompt + completion
         for a, b in zip(seg.turns, seg.turns[1:], strict=False):
-            assert (
-                b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
-            )
+            assert extends(a, b.prompt_ids)
 
     # From inside a sandbox, with the program's key: admin routes refused, host ports unreachable.
     gw_port, engine_port = urlparse(url).port, urlparse(vllm_url).port

@@ -19,7 +19,7 @@ import openai
 import pytest
 import uvicorn
 
-from rollyard.core.trajectory import Trajectory
+from rollyard.core.trajectory import Trajectory, extends
 from rollyard.engines.launcher import free_port
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
@@ -114,7 +114,4 @@ def test_pauses_and_restores_happen_and_no_turn_is_lost_or_reordered(gateway_url
         assert traj.num_turns == TURNS  # none lost
         for seg in traj.segments:  # in order, token-exact: each prompt extends the last turn
             for a, b in itertools.pairwise(seg.turns):
-                assert (
-                    b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]
-                    == a.prompt_ids + a.completion_ids
-                )
+                assert extends(a, b.prompt_ids)

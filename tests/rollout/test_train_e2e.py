@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollyard.core.tables import read_parquet
+from rollyard.core.trajectory import extends
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.rollout.config import Config, builtin_config, resolve_paths
 from rollyard.rollout.orchestrator import train
@@ -77,10 +78,7 @@ async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
     for t in trajs:  # token-exact: each prompt extends the previous prompt + completion in a segment
         for seg in t.segments:
             for a, b in zip(seg.turns, seg.turns[1:], strict=False):
-                assert (
-                    b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)]
-                    == a.prompt_ids + a.completion_ids
-                )
+                assert extends(a, b.prompt_ids)
     served = re.search(r"gateway up url=\S+ socket=(\S+)", caplog.text)
     assert served and served.group(1) != "None"
     assert not Path(served.group(1)).parent.exists()  # the socket's dir went with the gateway
@@ -107,8 +105,7 @@ async def test_mini_swe_agent_trains_unmodified_in_its_sandbox(
         assert t.outcome.details.get("agent_status") in ("exited", "agent_error"), t.outcome.details
         for seg in t.segments:
             for a, b in zip(seg.turns, seg.turns[1:], strict=False):
-                n = len(a.prompt_ids) + len(a.completion_ids)
-                assert b.prompt_ids[:n] == a.prompt_ids + a.completion_ids
+                assert extends(a, b.prompt_ids)
     # mini-SWE-agent's own system prompt (~1.3k tokens) opens every program's first turn
     assert all(len(t.segments[0].turns[0].prompt_ids) > 1000 for t in trajs)
 
