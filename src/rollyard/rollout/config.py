@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.engines.drafting.config import DraftingConfig
+from rollyard.engines.pretrained import PRETRAINED
 from rollyard.gateway.settings import GatewayLimits
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
@@ -46,8 +47,6 @@ class ModelConfig(_Section):
 
     @model_validator(mode="after")
     def _known_pretrained(self) -> ModelConfig:
-        from rollyard.engines.pretrained import PRETRAINED
-
         if self.pretrained is not None and self.pretrained not in PRETRAINED:
             raise ValueError(f"unknown pretrained model {self.pretrained!r}; known: {', '.join(PRETRAINED)}")
         return self
