@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollyard.bench._model import bench_model
 from rollyard.bench._report import loadavg, report
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.drafting import DraftingConfig
@@ -46,13 +47,6 @@ QUESTIONS = [
     "A shop sells pens at 3 for 2 dollars. How much do 18 pens cost? Explain your reasoning.",
     "What is 25% of 360? Explain how you compute it.",
 ]
-
-
-def bench_model() -> Path:
-    """SmolLM2-135M-Instruct as a rollyard model directory, made once (offline from pip's cache)."""
-    from rollyard.engines.pretrained import init_pretrained
-
-    return init_pretrained(MODEL, Path(".cache/bench-models") / MODEL)
 
 
 def _prompts(model: Path) -> list[list[int]]:
@@ -171,7 +165,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     sweep = [8] if quick else [2, 8]
     max_tokens = 48 if quick else 64
     t0 = time.perf_counter()
-    model = bench_model()
+    model = bench_model(MODEL, Path(".cache/bench-models"))  # converted once, offline from pip's cache
     prompts = _prompts(model)
     greedy_prompts = prompts[:1]
     level_prompts = {c: [prompts[1 + i]] for i, c in enumerate(levels)}  # one fresh group per level

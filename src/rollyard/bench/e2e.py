@@ -1,10 +1,10 @@
 """End-to-end baseline: a fixed short training run on real parts, and its throughput.
 
-Workload: the tiny model (seed 0, random weights), `lookup` tasks, G=4, 2 groups per step,
-4 steps (2 with --quick), bwrap sandboxes, one local vLLM. Reported: agent steps (model turns)
-per minute, completion tokens per second, the trainer's idle fraction (waiting for groups),
-and the engine's KV-cache usage sampled every 0.5 s. This is the number the scheduling work
-must beat.
+Workload: the tiny model (seed 0, random weights; or ``--model smollm2-135m``), `lookup` tasks,
+G=4, 2 groups per step, 4 steps (2 with --quick), bwrap sandboxes, one local vLLM. Reported:
+agent steps (model turns) per minute, completion tokens per second, the trainer's idle fraction
+(waiting for groups), and the engine's KV-cache usage sampled every 0.5 s. This is the number
+the scheduling work must beat.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollyard.bench._model import TINY, bench_model, result_name
 from rollyard.bench._report import report
 from rollyard.engines.launcher import VLLMServer
-from rollyard.engines.tiny_model import create_model
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.rollout.config import builtin_config
 from rollyard.rollout.orchestrator import train
@@ -71,15 +71,15 @@ async def _run(
     return RunDir(root / "run").read_metrics(), kv, wall
 
 
-def main(quick: bool = False) -> dict[str, Any]:
+def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
     steps = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="rollyard-bench-e2e-") as tmp:
         root = Path(tmp)
-        model = create_model(root / "model", seed=0, size="tiny")
+        model_dir = bench_model(model, root)
         with VLLMServer(
-            model, kv_tokens=KV_TOKENS, served_name="policy", log_path=root / "vllm.log"
+            model_dir, kv_tokens=KV_TOKENS, served_name="policy", log_path=root / "vllm.log"
         ) as server:
-            rows, kv, wall = asyncio.run(_run(root, server.url, model, steps))
+            rows, kv, wall = asyncio.run(_run(root, server.url, model_dir, steps))
     loop_s = sum(r["wall_s"] for r in rows)
     turns = sum(r["turns_per_episode"] * 8 for r in rows)  # 2 groups x G=4 episodes per step
     tokens = sum(r["completion_tokens"] for r in rows)
@@ -90,6 +90,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "trainer_idle": idle,
     }
     details = {
+        "model": model,
         "train_steps": len(rows),
         "loop_s": loop_s,
         "wall_s_including_setup": wall,
@@ -98,4 +99,4 @@ def main(quick: bool = False) -> dict[str, Any]:
         "kv_capacity_tokens": KV_TOKENS,
         "rows": rows,
     }
-    return report("e2e", summary, details)
+    return report(result_name("e2e", model), summary, details)

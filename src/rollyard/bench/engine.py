@@ -1,6 +1,7 @@
 """``rollyard bench engine``: tokens/s of VLLMBackend vs the in-process HFBackend.
 
-Both serve the same tiny model, same prompts, same sampling, at concurrency 1, 16 and 64.
+Both serve the same model (the tiny one, or ``--model smollm2-135m``), same prompts, same
+sampling, at concurrency 1, 16 and 64.
 Throughput counts the tokens actually produced (a random model may stop early at eos), over
 the wall time of the whole concurrent batch; each level is the median of three runs.
 """
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollyard.bench._model import TINY, bench_model, result_name
 from rollyard.bench._report import report
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Backend
@@ -58,14 +60,12 @@ async def _run(model_dir: Path, levels: list[int], max_tokens: int, repeats: int
     return out
 
 
-def main(quick: bool = False) -> dict[str, Any]:
-    from rollyard.engines.tiny_model import create_model
-
+def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
     levels = [1, 4] if quick else [1, 16, 64]
     max_tokens = 16 if quick else 64
     repeats = 1 if quick else 3
     with tempfile.TemporaryDirectory(prefix="rollyard-bench-engine-") as tmp:
-        model_dir = create_model(Path(tmp) / "tiny", seed=0)
+        model_dir = bench_model(model, Path(tmp))
         res = asyncio.run(_run(model_dir, levels, max_tokens, repeats))
     top = max(levels)
     v, h = res["vllm"][top]["tok_s"], res["hf"][top]["tok_s"]
@@ -73,6 +73,10 @@ def main(quick: bool = False) -> dict[str, Any]:
     for c in levels:
         summary[f"vllm_tok_s_c{c}"] = res["vllm"][c]["tok_s"]
         summary[f"hf_tok_s_c{c}"] = res["hf"][c]["tok_s"]
-    details = {"levels": levels, "max_tokens": max_tokens, "repeats": repeats, "results": res}
+    details = {"model": model, "levels": levels, "max_tokens": max_tokens, "repeats": repeats, "results": res}
     # The last line leads with the issue's keys; per-level figures are in the JSON.
-    return report("engine", {k: summary[k] for k in ("vllm_tok_s", "hf_tok_s", "ratio")} | summary, details)
+    return report(
+        result_name("engine", model),
+        {k: summary[k] for k in ("vllm_tok_s", "hf_tok_s", "ratio")} | summary,
+        details,
+    )

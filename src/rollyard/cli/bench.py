@@ -7,6 +7,7 @@ Each benchmark runs a feature and its baseline side by side in one process, writ
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 
 import typer
@@ -14,6 +15,7 @@ import typer
 import rollyard.bench as bench_pkg
 from rollyard.cli import app
 from rollyard.core.errors import ConfigError
+from rollyard.engines.pretrained import PRETRAINED
 
 
 def available() -> list[str]:
@@ -24,11 +26,21 @@ def available() -> list[str]:
 def bench(
     name: str = typer.Argument(..., help="benchmark name, or 'all'"),
     quick: bool = typer.Option(False, help="a smaller workload, for smoke tests"),
+    model: str = typer.Option(
+        "tiny", help="engine and e2e: the model served, tiny or a pretrained name (smollm2-135m)"
+    ),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
     names = available() if name == "all" else [name]
     for n in names:
         if n not in available():
             raise ConfigError(f"unknown benchmark {n!r}; available: {', '.join(available())}")
-        module = importlib.import_module(f"rollyard.bench.{n}")
-        module.main(quick=quick)
+    if model != "tiny" and model not in PRETRAINED:
+        raise ConfigError(f"unknown model {model!r}; choose tiny or one of: {', '.join(sorted(PRETRAINED))}")
+    modules = [importlib.import_module(f"rollyard.bench.{n}") for n in names]
+    takes_model = [m for m in modules if "model" in inspect.signature(m.main).parameters]
+    if model != "tiny" and len(takes_model) < len(modules):
+        fixed = ", ".join(m.__name__.rsplit(".", 1)[1] for m in modules if m not in takes_model)
+        raise ConfigError(f"--model applies to engine and e2e only; {fixed} serve their own model")
+    for m in modules:
+        m.main(quick=quick, **({"model": model} if m in takes_model else {}))
