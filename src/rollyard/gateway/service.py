@@ -20,7 +20,7 @@ from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
 from rollyard.core.events import CompletionEvent, ToolCallEvent
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
-from rollyard.core.trajectory import Event, EventKind, FinishReason, Turn, TurnTimings
+from rollyard.core.trajectory import Event, EventKind, Turn, TurnTimings
 from rollyard.engines.base import Completion
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
@@ -30,7 +30,7 @@ from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
-from rollyard.gateway.streaming import TextStreamer
+from rollyard.gateway.streaming import TextStreamer, stream_completion
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
 from rollyard.sched import Pause, Restore, Start
 
@@ -239,7 +239,7 @@ class Gateway:
                 backend = self.pool.backends[dispatch.engine]
                 if request.stream:
                     completion = None
-                    async for piece in self._stream_engine(backend, prompt_ids, params, streamer):
+                    async for piece in stream_completion(backend, prompt_ids, params, streamer):
                         if isinstance(piece, Completion):
                             completion = piece
                         elif piece:
@@ -267,33 +267,6 @@ class Gateway:
                 self.pool.release(dispatch, out, final=final)
         assert completion is not None and dispatch is not None
         yield Generated(completion, dispatch, started, engine_s)
-
-    async def _stream_engine(
-        self, backend: object, prompt_ids: list[int], params: SamplingParams, streamer: TextStreamer
-    ) -> AsyncIterator[str | Completion]:
-        ids: list[int] = []
-        lps: list[float] = []
-        top: list[list[tuple[int, float]]] | None = [] if params.top_logprobs else None
-        finish = FinishReason.ABORT
-        prompt_tokens, version = len(prompt_ids), 0
-        async for d in backend.stream(prompt_ids, params):  # type: ignore[attr-defined]
-            ids += d.token_ids
-            lps += d.logprobs
-            if top is not None:
-                top += d.top_logprobs or [[] for _ in d.token_ids]
-            version = d.policy_version or version
-            if d.finish_reason is not None:
-                finish = d.finish_reason
-            yield streamer.feed(d.token_ids)
-        yield Completion(
-            token_ids=ids,
-            logprobs=lps,
-            finish_reason=finish,
-            prompt_tokens=prompt_tokens,
-            policy_version=version,
-            engine=getattr(backend, "name", ""),
-            top_logprobs=top,
-        )
 
     # recording ------------------------------------------------------------
     async def _record(

@@ -8,6 +8,11 @@ answer always equals the non-streamed one, and the recorded ids are the engine's
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+from rollyard.core.sampling import SamplingParams
+from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import Backend, Completion
 from rollyard.engines.chat_template import THINK_OPEN, TOOL_CALL_OPEN
 from rollyard.gateway.tokenizer import Tokenizer
 
@@ -67,3 +72,33 @@ class TextStreamer:
     def rest(self, final_content: str) -> str:
         """The content still to send once the final message is known."""
         return final_content[len(self.sent) :] if final_content.startswith(self.sent) else ""
+
+
+async def stream_completion(
+    backend: Backend, prompt_ids: list[int], params: SamplingParams, streamer: TextStreamer
+) -> AsyncIterator[str | Completion]:
+    """The engine's streamed deltas as releasable text pieces, then the whole ``Completion``
+    (ids, logprobs, finish reason) the turn is recorded from."""
+    ids: list[int] = []
+    lps: list[float] = []
+    top: list[list[tuple[int, float]]] | None = [] if params.top_logprobs else None
+    finish = FinishReason.ABORT
+    prompt_tokens, version = len(prompt_ids), 0
+    async for d in backend.stream(prompt_ids, params):
+        ids += d.token_ids
+        lps += d.logprobs
+        if top is not None:
+            top += d.top_logprobs or [[] for _ in d.token_ids]
+        version = d.policy_version or version
+        if d.finish_reason is not None:
+            finish = d.finish_reason
+        yield streamer.feed(d.token_ids)
+    yield Completion(
+        token_ids=ids,
+        logprobs=lps,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        policy_version=version,
+        engine=backend.name,
+        top_logprobs=top,
+    )
