@@ -38,6 +38,8 @@ async def test_two_steps_publish_weights_and_later_turns_carry_the_new_version(
     rows = run.read_metrics()
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0 < r["train_merged_unmerged_ratio"] <= 1 for r in rows)
+    # publishing (save + the engine's reload) is timed apart from training, inside the step
+    assert all(0 < r["publish_s"] < r["wall_s"] for r in rows)
     assert last["policy_version"] == 2
     assert (run.root / "weights" / "v000002" / "config.json").is_file()
     step1 = read_parquet(run.trajectory_file(1))

@@ -160,7 +160,7 @@ class TrainingLoop:
         m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
         t2 = self.clock.now()
         await self._publish(groups)
-        row = self._record(groups, m, last=last, took=(t0, t1, t2))
+        row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
         row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
@@ -181,10 +181,15 @@ class TrainingLoop:
         self._slot.set()
 
     def _record(
-        self, groups: list[GroupRecord], m: dict[str, Any], *, last: float, took: tuple[float, float, float]
+        self,
+        groups: list[GroupRecord],
+        m: dict[str, Any],
+        *,
+        last: float,
+        took: tuple[float, float, float, float],
     ) -> dict[str, Any]:
         """The step's trajectories to Parquet, and its metrics row."""
-        t0, t1, t2 = took
+        t0, t1, t2, t3 = took
         trajs = [t for g in groups for t in g.trajectories]
         write_parquet(self.run_dir.trajectory_file(self.s.step), trajs)
         wall = max(self.clock.now() - last, 1e-9)
@@ -202,6 +207,7 @@ class TrainingLoop:
             "staleness": statistics.fmean(max(0, version - 1 - g.policy_version) for g in groups),
             "trainer_idle_fraction": (t1 - t0) / wall,
             "train_s": t2 - t1,
+            "publish_s": t3 - t2,  # weights saved, then loaded by every engine
             "wall_s": wall,
             "loss": m.get("loss"),
             **{f"train_{k}": v for k, v in m.items() if k not in ("loss", "step")},
