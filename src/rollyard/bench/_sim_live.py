@@ -35,6 +35,9 @@ class LiveRun:
     output_tokens: int = 0
     makespan_s: float = 0.0
     preemptions: int = 0
+    pauses: int = 0  # the gateway's scheduler (rollyard_sched_pauses_total over the run)
+    restores: int = 0
+    hold_s_total: float = 0.0  # rollyard_sched_hold_seconds_sum: the restored programs' holds
 
     def summary(self) -> dict[str, Any]:
         from rollyard.sim.stats import quantile
@@ -45,6 +48,9 @@ class LiveRun:
             "req_p50_s": quantile(self.request_latency, 0.5),
             "req_p99_s": quantile(self.request_latency, 0.99),
             "preemptions": self.preemptions,
+            "pauses": self.pauses,
+            "restores": self.restores,
+            "hold_s_total": self.hold_s_total,
         }
 
 
@@ -53,10 +59,24 @@ def _text(n: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i) % len(WORDS)] for i in range(max(1, round(n / 2.4))))
 
 
-async def _preemptions(client: httpx.AsyncClient, engine_url: str) -> int:
-    text = (await client.get(f"{engine_url}/metrics")).text
-    m = re.search(r"^vllm:num_preemptions_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
-    return int(float(m.group(1))) if m else 0
+async def _counter(
+    client: httpx.AsyncClient, url: str, name: str, headers: dict[str, str] | None = None
+) -> float:
+    """A sample's value on a Prometheus ``/metrics`` page (0 when it is not there)."""
+    text = (await client.get(f"{url}/metrics", headers=headers)).text
+    m = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def _counters(client: httpx.AsyncClient, url: str, engine_url: str) -> tuple[float, ...]:
+    """(engine preemptions, gateway pauses, restores, hold seconds) so far."""
+    admin = {"x-api-key": ADMIN}
+    return (
+        await _counter(client, engine_url, "vllm:num_preemptions_total"),
+        await _counter(client, url, "rollyard_sched_pauses_total", admin),
+        await _counter(client, url, "rollyard_sched_restores_total", admin),
+        await _counter(client, url, "rollyard_sched_hold_seconds_sum", admin),
+    )
 
 
 async def _program(
@@ -102,13 +122,15 @@ async def _program(
 async def _run(url: str, engine_url: str, plans: list[ProgramPlan]) -> LiveRun:
     limits = httpx.Limits(max_connections=len(plans) + 8, max_keepalive_connections=len(plans) + 8)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
-        before = await _preemptions(client, engine_url)
+        before = await _counters(client, url, engine_url)
         out = LiveRun([])
         traces: list[list[Turn]] = [[] for _ in plans]
         t0 = time.perf_counter()
         await asyncio.gather(*(_program(client, url, p, t0, out, traces[i]) for i, p in enumerate(plans)))
         out.makespan_s = time.perf_counter() - t0
-        out.preemptions = await _preemptions(client, engine_url) - before
+        after = await _counters(client, url, engine_url)
+        preempt, pauses, restores, out.hold_s_total = (a - b for a, b in zip(after, before, strict=True))
+        out.preemptions, out.pauses, out.restores = int(preempt), int(pauses), int(restores)
         out.plans = [
             ProgramPlan(p.id, p.group_id, p.group_size, t) for p, t in zip(plans, traces, strict=True)
         ]

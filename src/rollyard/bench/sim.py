@@ -2,12 +2,13 @@
 
 Validation: the engine is calibrated first (``rollyard sim calibrate``, quick points; the
 profile is written to ``bench/results/sim-cpu-tiny.yaml``, what ``cpu-tiny`` is committed
-from), then the ``cpu-small`` workload runs live (its programs as scripted clients of a real
+from), one unmeasured live run warms the engine, then in three rounds (policies in rotated
+order) the ``cpu-small`` workload runs live (its programs as scripted clients of a real
 ``rollyard gateway`` in front of one real tiny-model vLLM, see ``_sim_live``), once per
 policy, on one engine; each live run's trace (the token counts the gateway reported, the tool
 sleeps) is replayed in the simulator with the calibrated ``cpu-tiny`` profile and the same
-policy. Reported: the relative error of simulated vs live throughput and p50/p99 request
-latency, and whether the simulator ranks the policies by throughput as the live runs do.
+policy. Reported: the relative error of the medians of simulated vs live throughput and
+p50/p99 request latency, and whether the simulator ranks the policies by throughput as the live runs do.
 
 Scale: the ``swe`` workload (64 engines x 2,000 programs, published-spec H100 profile) under
 FIFO and under "ours" (the best scheduling preset on this branch other than fifo), the wall
@@ -19,6 +20,7 @@ Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a runnin
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import Any
 
@@ -31,7 +33,7 @@ from rollyard.sched import make_policy, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
 from rollyard.sim.report import write_report
 
-KEYS = ("output_tok_s", "makespan_s", "req_p50_s", "req_p99_s", "preemptions")
+KEYS = ("output_tok_s", "makespan_s", "req_p50_s", "req_p99_s", "preemptions", "pauses", "hold_s_total")
 PREFERRED = ("rollyard", "thunder", "seer")  # "ours": the first of these the registry has
 
 
@@ -44,33 +46,53 @@ def _err(sim: float, live: float) -> float:
     return abs(sim - live) / live if live else 0.0
 
 
-def validate(policies: list[str], quick: bool) -> dict[str, Any]:
-    """Calibrate the engine (under the load the live runs will see), then per policy: live, replay."""
+def _median(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dict[str, Any]:
+    """Calibrate the engine (under the load the live runs will see), warm it with one unmeasured
+    live run, then ``rounds`` rounds with the policies in rotated order: per policy and round a
+    live run and the simulated replay of its trace; errors compare the medians.
+
+    The warm-up matters: the first live run after calibration met shapes the engine had not run
+    yet and was 1.3-3x slower than the same policy run later (2026-12-01, quiet machine), so a
+    single pass charged that to whichever policy ran first."""
     from rollyard.sim.calibrate import calibrate
 
+    rounds = rounds or (1 if quick else 3)
     w = load_workload("cpu-small", programs=16 if quick else None)
-    out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump()}
+    out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump(), "rounds": rounds}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
     with _engine(startup_timeout_s=900) as (engine_url, model_dir):
         path = RESULTS_DIR / "sim-cpu-tiny.yaml"
         out["calibrate_loadavg"] = loadavg()
         profile = calibrate(engine_url, name="cpu-tiny", path=path, quick=True)
         out["profile"] = profile.model_dump()
-        for name in policies:
+
+        def live(name: str) -> Any:
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
             with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
+                return run_live(gw_url, engine_url, w.plans())
+
+        out["warmup"] = live(policies[0]).summary()
+        for r in range(rounds):
+            for name in policies[r % len(policies) :] + policies[: r % len(policies)]:
                 load = loadavg()
-                live = run_live(gw_url, engine_url, w.plans())
-            sim = Simulation(w, make_policy(name), profile, plans=live.plans).run().summary
-            lv = live.summary()
-            out[name] = {
-                "live": lv,
-                "sim": {k: sim[k] for k in KEYS},
-                "err_thr": _err(sim["output_tok_s"], lv["output_tok_s"]),
-                "err_p50": _err(sim["req_p50_s"], lv["req_p50_s"]),
-                "err_p99": _err(sim["req_p99_s"], lv["req_p99_s"]),
-                "loadavg": load,
-            }
+                run = live(name)
+                sim = Simulation(w, make_policy(name), profile, plans=run.plans).run().summary
+                runs[name].append({"live": run.summary(), "sim": {k: sim[k] for k in KEYS}, "loadavg": load})
+    for name, rows in runs.items():
+        lv, sm = _median([r["live"] for r in rows]), _median([r["sim"] for r in rows])
+        out[name] = {
+            "live": lv,
+            "sim": sm,
+            "err_thr": _err(sm["output_tok_s"], lv["output_tok_s"]),
+            "err_p50": _err(sm["req_p50_s"], lv["req_p50_s"]),
+            "err_p99": _err(sm["req_p99_s"], lv["req_p99_s"]),
+            "rounds": rows,
+        }
     return out
 
 

@@ -63,6 +63,7 @@ class SimStats:
             "pauses": self.pauses,
             "hold_p50_s": quantile(self.hold_s, 0.5),
             "hold_p99_s": quantile(self.hold_s, 0.99),
+            "hold_s_total": sum(self.hold_s),
             "moves": self.moves,
             "failed_requests": self.failed_requests,
         }
