@@ -259,7 +259,7 @@ def test_the_drafting_config_becomes_vllm_flags_and_environment() -> None:
 
 
 def test_replayed_siblings_that_share_an_answer_draft_it_from_the_group_only() -> None:
-    from tests.engines.drafting_replay import replay
+    from rollyard.bench._replay import replay
 
     answer = list(range(50, 70))
     outputs = [[*range(80, 80 + 2 * i), *answer] for i in range(4)]  # later ones start it later
@@ -268,3 +268,20 @@ def test_replayed_siblings_that_share_an_answer_draft_it_from_the_group_only() -
     solo = replay(SoloSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
     assert solo.accepted == 0 and solo.tokens == grouped.tokens == 4 * 20 + 2 * 6
     assert grouped.accepted > 0 and grouped.acceptance_len > 1.0 and 0 < grouped.share < 1
+
+
+def test_siblings_decoding_in_lockstep_have_nothing_ahead_to_draft_from() -> None:
+    """Replayed G at once, every sibling is at the same position, so the group's index holds
+    nothing beyond it; staggered (fewer slots than siblings), later siblings draft what earlier
+    ones wrote. Why the benchmark measures both and why a probe-first schedule matters."""
+    from rollyard.bench._replay import replay
+
+    text = [(7 * i) % 50 for i in range(40)]  # no repeats of its own: nothing to draft alone
+    outputs = [list(text) for _ in range(8)]
+    cfg = _config()
+    lockstep = replay(GroupedSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs)
+    staggered = replay(GroupedSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs, concurrency=2)
+    solo = replay(SoloSuffixDrafter(cfg, DrafterSettings()), [1, 2, 3], outputs, concurrency=2)
+    assert lockstep.tokens == staggered.tokens == 8 * 40
+    assert lockstep.accepted == 0 and solo.accepted == 0
+    assert staggered.share > 0.5 and staggered.acceptance_len > 4.0

@@ -72,19 +72,19 @@ async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_to
     gate = asyncio.Semaphore(concurrency)
     params = SamplingParams(max_tokens=max_tokens, temperature=TEMPERATURE)
 
-    async def one(prompt: list[int]) -> int:
+    async def one(prompt: list[int]) -> list[int]:
         async with gate:
-            return len((await backend.generate(prompt, params)).token_ids)
+            return list((await backend.generate(prompt, params)).token_ids)
 
     try:
         before = [await backend.stats()]
         t0 = time.perf_counter()
-        lengths = await asyncio.gather(*(one(p) for p in prompts for _ in range(G)))
+        outputs = await asyncio.gather(*(one(p) for p in prompts for _ in range(G)))
         wall = time.perf_counter() - t0
         drafted = acceptance(before, [await backend.stats()])
     finally:
         await backend.aclose()
-    tokens = sum(lengths)
+    tokens = sum(len(o) for o in outputs)
     # acceptance length counts only steps that drafted; the share of all tokens that came from
     # accepted drafts says how much of the decoding the drafter took over
     share = drafted.get("spec_accepted_tokens", 0) / max(tokens, 1)
@@ -95,8 +95,30 @@ async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_to
         "tok_s": tokens / wall,
         "accepted_share": share,
         "load1": load1,
+        "outputs": outputs,
         **drafted,
     }
+
+
+def _replayed(
+    drafting: DraftingConfig, prompts: list[list[int]], outputs: list[list[int]], concurrency: int
+) -> dict[str, float]:
+    """The same samples replayed offline through the same drafter (``bench._replay``): what
+    the live engine's acceptance should be if it drafted as the replay does."""
+    from types import SimpleNamespace
+
+    from rollyard.bench._replay import ReplayStats, replay
+    from rollyard.engines.drafting import DrafterSettings, GroupedSuffixDrafter, SoloSuffixDrafter
+
+    cls = GroupedSuffixDrafter if drafting.method == "grouped_suffix" else SoloSuffixDrafter
+    vllm_config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=drafting.k),
+        model_config=SimpleNamespace(max_model_len=2048),
+    )
+    drafter = cls(vllm_config, DrafterSettings.from_env(drafting.environment()))
+    runs = [replay(drafter, p, outputs[j * G : (j + 1) * G], concurrency) for j, p in enumerate(prompts)]
+    total = ReplayStats(*(sum(getattr(r, f) for r in runs) for f in ("drafts", "accepted", "tokens")))
+    return {"replay_acceptance_len": total.acceptance_len, "replay_share": total.share}
 
 
 async def _greedy(url: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -124,6 +146,9 @@ def _run_engine(
     ) as s:
         greedy = asyncio.run(_greedy(s.url, greedy_prompts)) if greedy_prompts else []
         runs = {c: asyncio.run(_workload(s.url, p, c, max_tokens)) for c, p in level_prompts.items()}
+    if drafting.method in ("grouped_suffix", "solo_suffix"):
+        for c, r in runs.items():
+            r.update(_replayed(drafting, level_prompts[c], r["outputs"], c))
     return greedy, runs
 
 
@@ -155,6 +180,8 @@ def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: li
             if method in res:
                 summary[f"accept_{name}_c{c}"] = accept(method, c)
                 summary[f"share_{name}_c{c}"] = float(res[method][c]["accepted_share"])
+                summary[f"replay_accept_{name}_c{c}"] = float(res[method][c]["replay_acceptance_len"])
+                summary[f"replay_share_{name}_c{c}"] = float(res[method][c]["replay_share"])
     summary["t0_identical"] = all(g == greedy["none"] for g in greedy.values())
     summary["complete"] = all(m in res for m in METHODS)
     return summary
