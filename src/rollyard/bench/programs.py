@@ -120,6 +120,10 @@ def _gateway(engine_url: str, model_dir: Path, policy: str) -> Iterator[str]:
                 proc.wait(30)
 
 
+def _seed(tag: str, i: int) -> int:
+    return zlib.crc32(f"{tag} {i}".encode())
+
+
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -195,23 +199,30 @@ async def _run_path(
     path: str, engine_url: str, gateway_url: str | None, n: int, turns: int, tag: str
 ) -> dict[str, Any]:
     pre = await _engine_counts(engine_url)
-    keys: list[tuple[str, str]] = []
+    keys: list[tuple[str, str, str | None]] = []  # (base url, key, program id)
+    admin = {"x-api-key": ADMIN}
     async with httpx.AsyncClient() as http:
         for _ in range(n):
             if gateway_url is None:
-                keys.append((f"{engine_url}/v1", "none"))
+                keys.append((f"{engine_url}/v1", "none", None))
                 continue
             body = {"sampling": {"temperature": 1.0, "ignore_eos": True}}  # as the direct path asks
-            r = await http.post(f"{gateway_url}/programs", json=body, headers={"x-api-key": ADMIN})
+            r = await http.post(f"{gateway_url}/programs", json=body, headers=admin)
             r.raise_for_status()
-            keys.append((f"{gateway_url}/v1", r.json()["api_key"]))
-    t0 = time.perf_counter()
-    progs = await asyncio.gather(
-        *(
-            _program(b, k, f"{tag} {path} p{i}", i % 2 == 0, turns, zlib.crc32(f"{tag} {i}".encode()))
-            for i, (b, k) in enumerate(keys)
-        )
-    )
+            keys.append((f"{gateway_url}/v1", r.json()["api_key"], r.json()["id"]))
+
+        async def run(i: int, base: str, key: str, pid: str | None) -> dict[str, Any]:
+            """One program, finished at the gateway when it ends (as a rollout does), so its
+            context stops claiming KV; a finished-but-open program held room it never used."""
+            try:
+                return await _program(base, key, f"{tag} {path} p{i}", i % 2 == 0, turns, _seed(tag, i))
+            finally:
+                if pid is not None:
+                    done = await http.post(f"{gateway_url}/programs/{pid}/finish", json={}, headers=admin)
+                    done.raise_for_status()
+
+        t0 = time.perf_counter()
+        progs = await asyncio.gather(*(run(i, *k) for i, k in enumerate(keys)))
     wall = time.perf_counter() - t0
     post = await _engine_counts(engine_url)
     d = {k: post[k] - pre[k] for k in pre}
