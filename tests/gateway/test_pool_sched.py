@@ -74,3 +74,38 @@ def test_pauses_hold_requests_and_restores_release_them_with_metrics() -> None:
         assert sample(metrics, "rollyard_sched_active_tokens", {"engine": "e"}) == 900
 
     asyncio.run(go())
+
+
+def test_a_program_that_ends_hands_its_kv_to_a_paused_one_without_waiting_for_a_tick() -> None:
+    """rollyard restores on release: the held request starts when the room appears, counted and
+    mirrored as a tick's restore is; thunder keeps ThunderAgent's periodic tick only."""
+
+    async def go(policy: str) -> bool:
+        clock = FakeClock()
+        metrics = GatewayMetrics()
+        b = StatsOnly("e")
+        b.stats_now = EngineStats(kv_capacity_tokens=1000)
+        pool = EnginePool({"e": b}, Scheduler(clock, make_policy(policy, buffer_tokens=0)), metrics)
+        await pool.refresh()
+        seen: list[Pause | Restore] = []
+        pool.on_decision(seen.append)
+        pool.release(await pool.acquire("small", 300), 5)
+        pool.release(await pool.acquire("big", 600), 5)
+        pool.scheduler.observe("big", context_tokens=800)  # 300 + 800 > 1000
+        assert pool.tick() == [Pause("small", "e")]
+        held = asyncio.ensure_future(pool.acquire("small", 310))
+        await asyncio.sleep(0)
+        assert not held.done()
+        clock.advance(2)
+        pool.forget("big")  # it finished: what the gateway's terminate hook calls
+        await asyncio.sleep(0)
+        if not held.done():
+            held.cancel()
+            return False
+        assert seen == [Pause("small", "e"), Restore("small", "e", 2.0)]
+        assert pool.counts["restores"] == 1
+        assert sample(metrics, "rollyard_sched_restores_total") == 1
+        return True
+
+    assert asyncio.run(go("rollyard")) is True
+    assert asyncio.run(go("thunder")) is False  # held until its next tick

@@ -44,7 +44,7 @@ def decisions(policy: str, engines: int = 2, programs: int = 30, **options: Any)
         clock.advance(t - clock.now())
         if kind == "submit":
             n += 1
-            s.submit(f"{x}#{n}", x, ctx[x])
+            s.submit(f"{x}#{n}", x, ctx[x], max_tokens=32 if int(x[1:]) % 3 else None)
         elif kind == "done":
             rid, p = x.split("|")
             s.complete(rid, 32)
@@ -56,6 +56,8 @@ def decisions(policy: str, engines: int = 2, programs: int = 30, **options: Any)
                 at(t + rng.uniform(0.5, 2.0), "submit", p)
             else:
                 s.forget(p)
+            if s.admission_due():  # the room just released, as the gateway's pool does
+                log += [(t, d) for d in s.admit()]
         else:
             log += [(t, d) for d in s.tick()]
             at(t + tick, "tick", "")
@@ -121,10 +123,10 @@ def test_a_dispatch_scans_the_programs_once_not_per_queued_request(monkeypatch: 
     scans = 0
     real = kv_mod.claims_by_engine
 
-    def counted(state: Any) -> dict[str, tuple[int, int]]:
+    def counted(state: Any, buffer_tokens: int) -> dict[str, tuple[int, int]]:
         nonlocal scans
         scans += 1
-        return real(state)
+        return real(state, buffer_tokens)
 
     monkeypatch.setattr(kv_mod, "claims_by_engine", counted)
     claims = 0
@@ -156,3 +158,18 @@ def test_the_index_follows_placements_within_a_dispatch() -> None:
     assert placed == {"p0": "a", "p1": "b", "p2": "b"}  # fewest tokens: b had 500 < a's 600
     assert s.state.claims is None and not s.state.indexing  # nothing leaks out of a round
     assert all(p.state is ProgramState.ACTIVE for p in s.state.programs.values())
+
+
+def test_the_decode_reserve_is_the_buffer_or_the_requests_max_tokens_if_smaller() -> None:
+    """A turn that asks for 32 tokens cannot grow by the 256-token buffer: reserving it anyway
+    made the pausing policies see a cache as full with a third of it free."""
+    s = Scheduler(FakeClock(), make_policy("thunder", buffer_tokens=256))
+    s.add_engine("a", kv_capacity_tokens=2000)
+    s.submit("r0", "small", 400, max_tokens=32)
+    s.submit("r1", "open", 400)  # no max_tokens: the whole buffer
+    s.dispatch()
+    budget = KvBudget(256)
+    assert budget.used(s.state, "a", 0.0) == (400 + 32) + (400 + 256)
+    s.state.indexing = True  # the index gives the same sum, and places with the same claims
+    assert budget.used(s.state, "a", 0.0) == (400 + 32) + (400 + 256)
+    assert KvBudget(16).used(s.state, "a", 0.0) == 800 + 2 * 16  # another buffer: a fresh index

@@ -168,3 +168,21 @@ def test_the_scheduler_measures_per_engine_service_time() -> None:
     clock.advance(3.0)
     s.complete("r0", 5)
     assert s.state.engines["e"].service_s == 3.0
+
+
+def test_room_released_between_ticks_is_handed_out_at_once() -> None:
+    """A paused program's held request is restored when a program ends or a running request
+    of a paused program finishes, not up to ``tick_s`` later (``Scheduler.admit``)."""
+    s, clock = rollyard(("e", 1000))
+    assert s.policy.on_release and not make_policy("thunder").on_release
+    turn(s, "r0", "small", 300)
+    turn(s, "r1", "big", 600)
+    s.observe("big", context_tokens=800)
+    assert s.tick() == [Pause("small", "e")]
+    s.submit("r2", "small", 310)
+    assert s.admission_due() and s.admit() == []  # it does not fit yet
+    clock.advance(0.5)
+    s.forget("big")
+    assert s.admit() == [Restore("small", "e", 0.5)]
+    assert [d.request_id for d in s.dispatch()] == ["r2"]
+    assert not s.admission_due()

@@ -63,6 +63,8 @@ def run(policy: str, programs: int = 24, turns: int = 6, kv: int = 8192, seed: i
             else:
                 s.forget(p)
                 out.finished += 1
+            if s.admission_due():  # released room, handed out as the gateway's pool does
+                s.admit()
         elif out.finished < programs:
             s.tick()
             at(t + tick, "tick", "")
@@ -90,8 +92,8 @@ def test_every_program_finishes(policy: str) -> None:
 @pytest.mark.parametrize("kv", [6144, 8192])
 def test_rollyard_bounds_the_hold_and_narrows_the_long_short_gap_thunder_leaves(kv: int) -> None:
     """In this model thunder's long/short first-response ratio is 4.3 (kv 6144) and 10.1 (8192),
-    its longest hold 105 s and 68 s; rollyard's 1.9 and 2.7 (the issue's goal: <= 3), holds
-    under 30 s."""
+    its longest hold 105 s and 68 s; rollyard's 1.8 and 2.7 (the issue's goal: <= 3), holds
+    of 17 s and 12 s (bound: 30 s)."""
     thunder, ours = run("thunder", kv=kv), run("rollyard", kv=kv)
     assert max(ours.waits) <= 30.0 + 1.0  # the bound, plus one tick
     assert max(thunder.waits) > max(ours.waits)

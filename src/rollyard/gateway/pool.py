@@ -92,9 +92,21 @@ class EnginePool:
         instead of losing it to whatever was queued."""
         self.scheduler.complete(start.request_id, output_tokens, final=final)
         if final:
+            self.admit_if_due()
             self._pump()
         else:
             asyncio.get_running_loop().call_soon(self._pump)
+
+    def forget(self, program_id: str) -> None:
+        """A program ended: its KV claim is gone, so whoever waits for room may run now."""
+        self.scheduler.forget(program_id)
+        self.admit_if_due()
+        self._pump()
+
+    def admit_if_due(self) -> None:
+        """Hand released KV to waiting programs now (policies with ``on_release``)."""
+        if self.scheduler.admission_due():
+            self._carry_out(self.scheduler.admit())
 
     def on_decision(self, hook: Callable[[Pause | Restore], None]) -> None:
         """Called with every pause and restore carried out (the program table mirrors them)."""
@@ -174,6 +186,14 @@ class EnginePool:
     def tick(self) -> list[Pause | Restore]:
         """Run the admission policy once and start whatever its restores let run."""
         decisions = self.scheduler.tick()
+        self._carry_out(decisions)
+        if decisions:
+            self._pump()
+        self.observe_metrics()
+        return decisions
+
+    def _carry_out(self, decisions: list[Pause | Restore]) -> None:
+        """Count, log and mirror applied pauses and restores (the scheduler already applied them)."""
         for d in decisions:
             self.counts["pauses" if isinstance(d, Pause) else "restores"] += 1
             if isinstance(d, Pause):
@@ -185,10 +205,6 @@ class EnginePool:
                 log.info("program restored id=%s engine=%s held_s=%.2f", d.program_id, d.engine, d.held_s)
             for hook in self._hooks:
                 hook(d)
-        if decisions:
-            self._pump()
-        self.observe_metrics()
-        return decisions
 
     async def tick_forever(self) -> None:
         """Call the policy every ``tick_s`` (nothing to do for policies that never pause)."""

@@ -71,7 +71,7 @@ class Gateway:
         programs.on_create(
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
-        programs.on_terminate(lambda p: pool.scheduler.forget(p.id))
+        programs.on_terminate(lambda p: pool.forget(p.id))
         programs.on_terminate(lambda p: self.forget(p.id))
         pool.on_decision(self._mirror_decision)
 

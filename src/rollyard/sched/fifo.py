@@ -26,6 +26,9 @@ class AdmitAll:
     def tick(self, state: SchedState, now: float) -> list[Pause | Restore]:
         return []
 
+    def restore(self, state: SchedState, now: float) -> list[Pause | Restore]:
+        return []
+
 
 class LeastLoaded:
     """Sticky engines; a new or orphaned program goes to the healthy engine with room and the

@@ -3,6 +3,9 @@
 - ``Router``: which engine a program runs on (first placement, after engine death, and
   whether to move a sticky program away from a saturated engine).
 - ``Admission``: who may run now; called every ``tick_s`` and returns pauses and restores.
+  Its ``restore`` half also runs when KV is released (a request or a program ends) for
+  policies with ``on_release``, so freed room is handed out at once instead of idling until
+  the next tick.
 - ``Order``: in what sequence queued requests are tried.
 
 Each part reads the ``SchedState`` and returns values; none mutates anything, so the same
@@ -36,6 +39,11 @@ class Admission(Protocol):
         """Periodic decision: which active programs to pause, which paused ones to restore."""
         ...
 
+    def restore(self, state: SchedState, now: float) -> list[Pause | Restore]:
+        """The restore half of a tick: who may run in the room there is now (no pressure pauses;
+        a policy may pause idle programs to make room for an overdue one)."""
+        ...
+
 
 class Order(Protocol):
     def order(self, queue: Sequence[Request], state: SchedState, now: float) -> list[Request]:
@@ -49,10 +57,12 @@ class Order(Protocol):
 
 @dataclass(frozen=True)
 class Policy:
-    """A named composition; ``tick_s`` is how often the shell calls ``Scheduler.tick`` (None: never)."""
+    """A named composition; ``tick_s`` is how often the shell calls ``Scheduler.tick`` (None: never);
+    ``on_release``: the shell also calls ``Scheduler.admit`` when KV is released."""
 
     name: str
     router: Router
     admission: Admission
     order: Order
     tick_s: float | None = None
+    on_release: bool = False

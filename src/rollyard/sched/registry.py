@@ -74,6 +74,7 @@ ORDERS: dict[str, Callable[[Options], Order]] = {
     "fifo": lambda o: FifoOrder(),
     "seer": lambda o: SeerOrder(starve_s=float(o.get("starve_s", 30.0))),
 }
+ON_RELEASE = {"aging"}  # admission policies that also run their restore half when KV is freed
 # preset name -> (router, admission, order, default tick seconds)
 PRESETS: dict[str, tuple[str, str, str, float | None]] = {
     "fifo": ("least_loaded", "admit_all", "fifo", None),
@@ -148,7 +149,8 @@ def make_policy(
         _pick("order", ORDERS, o, options),
     )
     label = name if (r, a, o) == PRESETS[name][:3] else f"{name}[{r},{a},{o}]"
-    return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t)
+    # aging restores as soon as KV is released; thunder keeps ThunderAgent's periodic tick only
+    return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t, on_release=a in ON_RELEASE)
 
 
 def policy_from_spec(spec: str) -> Policy:

@@ -7,7 +7,8 @@ cost-aware routing.
   needs, and acting programs on an engine are paused to make it room; no request is held
   longer than ``max_hold_s`` (default 30 s). A restored program
   returns to the engine that has its prefix cached when it fits there. Recently restored
-  programs are paused last.
+  programs are paused last. Restores also run the moment KV is released (a request or a
+  program ends: ``Policy.on_release``), not only every tick.
   Both times follow the engines' measured request time (``EngineView.service_s``): the
   reserve time is ``max(reserve_after_s, reserve_after_turns x request time)`` and "recent"
   is ``max(min_run_s, min_run_turns x request time)``. With fixed seconds, a slow engine
@@ -56,6 +57,10 @@ class AgingAdmission(ThunderAdmission):
     def tick(self, state: SchedState, now: float) -> list[Pause | Restore]:
         self._turn_s = max((e.service_s for e in state.healthy_engines()), default=0.0)
         return super().tick(state, now)
+
+    def restore(self, state: SchedState, now: float) -> list[Pause | Restore]:
+        self._turn_s = max((e.service_s for e in state.healthy_engines()), default=0.0)
+        return super().restore(state, now)
 
     @property
     def reserve_s(self) -> float:

@@ -13,13 +13,16 @@ queued request cost O(programs + queue) per round instead of O(programs x queue)
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest
 from rollyard.core.program import ProgramPhase, ProgramState
 from rollyard.sched.decisions import Move, Pause, Restore, Start
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
+from rollyard.sched.kv import reserve_tokens
 from rollyard.sched.policy import Policy
+from rollyard.sched.thunder import waits_for_restore
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["Scheduler"]
@@ -123,6 +126,7 @@ class Scheduler:
         now = self.clock.now()
         view = self.register(program_id)
         view.context_tokens = max(view.context_tokens, prompt_tokens)
+        view.max_tokens = max_tokens
         if view.waiting_since is None:
             view.waiting_since = now
         self._opened(view)
@@ -213,11 +217,24 @@ class Scheduler:
 
     def tick(self) -> list[Pause | Restore]:
         """Ask the admission policy who runs now, apply its pauses and restores, return those applied."""
+        return self._admit(self.policy.admission.tick)
+
+    def admission_due(self) -> bool:
+        """Whether KV just released may let someone in: the policy restores on release and a
+        program waits for it (paused, or unplaced with a request). The shell asks after each
+        request or program ends, so it costs one scan and no policy call when nobody waits."""
+        return self.policy.on_release and any(waits_for_restore(p) for p in self.state.programs.values())
+
+    def admit(self) -> list[Pause | Restore]:
+        """The admission policy's restore half (``Admission.restore``), applied like ``tick``."""
+        return self._admit(self.policy.admission.restore)
+
+    def _admit(self, decide: Callable[[SchedState, float], list[Pause | Restore]]) -> list[Pause | Restore]:
         now = self.clock.now()
         applied: list[Pause | Restore] = []
         self.state.indexing, self.state.claims = True, None
         try:
-            decisions = self.policy.admission.tick(self.state, now)
+            decisions = decide(self.state, now)
         finally:
             self.state.indexing, self.state.claims = False, None
         for d in decisions:
@@ -244,11 +261,12 @@ class Scheduler:
         """Place an active (unpaused) program on ``engine``, moving its claim in the KV index."""
         claims = self.state.claims
         if claims is not None and program.state is ProgramState.ACTIVE:
+            claim = program.context_tokens + reserve_tokens(program, self.state.claims_buffer)
             if program.engine is not None:
                 tokens, n = claims[program.engine]
-                claims[program.engine] = (tokens - program.context_tokens, n - 1)
+                claims[program.engine] = (tokens - claim, n - 1)
             tokens, n = claims.get(engine, (0, 0))
-            claims[engine] = (tokens + program.context_tokens, n + 1)
+            claims[engine] = (tokens + claim, n + 1)
         program.engine = engine
 
     # phase bookkeeping ----------------------------------------------------

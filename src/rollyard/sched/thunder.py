@@ -81,6 +81,13 @@ class ThunderAdmission:
         self._pause(state, healthy, now, restored, out)
         return out
 
+    def restore(self, state: SchedState, now: float) -> list[Pause | Restore]:
+        out: list[Pause | Restore] = []
+        healthy = {e.name: e for e in state.healthy_engines()}
+        if healthy:
+            self._restore(state, healthy, now, out)
+        return out
+
     def _restore(
         self, state: SchedState, healthy: dict[str, EngineView], now: float, out: list[Pause | Restore]
     ) -> dict[str, str]:

@@ -31,6 +31,7 @@ class ProgramView:
     phase: ProgramPhase = ProgramPhase.ACTING
     state: ProgramState = ProgramState.ACTIVE
     context_tokens: int = 0
+    max_tokens: int | None = None  # its latest request's output cap (None: not given)
     engine: str | None = None  # sticky placement; None until first placed, or after its engine died
     waiting_since: float | None = None  # submit time of its queued or held request
     acting_since: float | None = None  # when its last request ended (for token decay)
@@ -88,11 +89,13 @@ class SchedState:
     # group id -> the longest output any of its finished requests produced (kept after a program ends)
     group_longest: dict[str, int] = field(default_factory=dict)
     # While ``indexing`` (the Scheduler sets it for the span of one dispatch or tick), the first
-    # ``KvBudget.used`` fills ``claims`` (engine -> (context tokens, programs) claiming KV there) in
+    # ``KvBudget.used`` fills ``claims`` (engine -> (tokens, programs) claiming KV there; tokens are
+    # contexts plus decode reserves for a buffer of ``claims_buffer``) in
     # one pass and later ones cost O(1); the Scheduler updates it as it places programs. Outside a
     # dispatch or tick, or for a policy driven without a Scheduler, every ``used`` scans.
     indexing: bool = False
     claims: dict[str, tuple[int, int]] | None = None
+    claims_buffer: int = 0
 
     def programs_on(self, engine: str) -> list[ProgramView]:
         return [p for p in self.programs.values() if p.engine == engine and not p.state.is_over]

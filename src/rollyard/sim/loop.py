@@ -3,7 +3,8 @@
 The simulator is the gateway's ``EnginePool`` with the network taken out: a turn is
 ``Scheduler.submit``; every ``Start`` that ``dispatch`` returns puts the request on its engine;
 a finished request is ``complete`` then ``observe`` (the context the turn reached); the
-admission policy's ``tick`` runs every ``policy.tick_s`` and engine stats are fed through
+admission policy's ``tick`` runs every ``policy.tick_s`` (and its restore half, ``admit``, after
+a request ends, for policies that restore on release) and engine stats are fed through
 ``update_engine`` every ``poll_s``, as the gateway polls vLLM's ``/metrics``. Only the clock
 is fake, so a policy object behaves here exactly as it does behind the gateway.
 """
@@ -128,6 +129,7 @@ class Simulation:
             if kind == STEP:
                 if not self._on_step(a, b):
                     continue  # nothing ended: no start can have become possible
+                self._admit_if_due()  # as the gateway's EnginePool.release / forget do
             elif kind == SUBMIT:
                 self._submit(a)
             elif kind == TICK:
@@ -332,16 +334,23 @@ class Simulation:
 
     # ---- the gateway's periodic work ---------------------------------------------------------
     def _on_tick(self) -> None:
+        self._count(self.sched.tick())
+        assert self.policy.tick_s
+        self._at(self.clock.now() + self.policy.tick_s, TICK)
+
+    def _admit_if_due(self) -> None:
+        if self.sched.admission_due():
+            self._count(self.sched.admit())
+
+    def _count(self, decisions: list[Pause | Restore]) -> None:
         now = self.clock.now()
-        for d in self.sched.tick():
+        for d in decisions:
             if self.record:
                 self.decisions.append((now, d))
             if isinstance(d, Pause):
                 self.stats.pauses += 1
             elif isinstance(d, Restore):
                 self.stats.hold_s.append(d.held_s)
-        assert self.policy.tick_s
-        self._at(now + self.policy.tick_s, TICK)
 
     def _on_poll(self) -> None:
         now = self.clock.now()
