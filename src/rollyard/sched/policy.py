@@ -3,9 +3,9 @@
 - ``Router``: which engine a program runs on (first placement, after engine death, and
   whether to move a sticky program away from a saturated engine).
 - ``Admission``: who may run now; called every ``tick_s`` and returns pauses and restores.
-  Its ``restore`` half also runs when KV is released (a request or a program ends) for
-  policies with ``on_release``, so freed room is handed out at once instead of idling until
-  the next tick.
+  Its ``restore`` half also runs when KV is released (a program ends, or a paused program's
+  running request does) for policies with ``on_release``, so freed room is handed out at once
+  instead of idling until the next tick.
 - ``Order``: in what sequence queued requests are tried.
 
 Each part reads the ``SchedState`` and returns values; none mutates anything, so the same

@@ -22,7 +22,6 @@ from rollyard.sched.decisions import Move, Pause, Restore, Start
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import reserve_tokens
 from rollyard.sched.policy import Policy
-from rollyard.sched.thunder import waits_for_restore
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["Scheduler"]
@@ -38,6 +37,7 @@ class Scheduler:
         self._open: dict[str, int] = {}  # program id -> requests queued or running
         self._lost: dict[str, str] = {}  # program id -> the dead engine it was unpinned from
         self._started: dict[str, float] = {}  # request id -> when it started (for service_s)
+        self._freed = False  # a claim was dropped since the last admission pass (see admission_due)
 
     # engines --------------------------------------------------------------
     def add_engine(self, name: str, capacity: int = 256, kv_capacity_tokens: int = 0) -> EngineView:
@@ -109,6 +109,7 @@ class Scheduler:
         view = self.state.programs.pop(program_id, None)
         if view is not None:
             view.state = ProgramState.TERMINATED
+            self._freed = True
         self._lost.pop(program_id, None)
         self._open.pop(program_id, None)
 
@@ -157,6 +158,10 @@ class Scheduler:
                 ran = self.clock.now() - started
                 view.service_s = ran if view.service_s <= 0 else 0.8 * view.service_s + 0.2 * ran
         program = self.state.programs.get(request.program_id)
+        if program is not None and (final or program.paused):
+            # a paused program claims KV only while its request runs; an active one that turns
+            # acting may be paused to make room for an overdue one (its claim only grew)
+            self._freed = True
         if program is not None and final:
             program.turns += 1
             if output_tokens is not None:
@@ -220,16 +225,27 @@ class Scheduler:
         return self._admit(self.policy.admission.tick)
 
     def admission_due(self) -> bool:
-        """Whether KV just released may let someone in: the policy restores on release and a
-        program waits for it (paused, or unplaced with a request). The shell asks after each
-        request or program ends, so it costs one scan and no policy call when nobody waits."""
-        return self.policy.on_release and any(waits_for_restore(p) for p in self.state.programs.values())
+        """Whether KV just released may let a held request in: the policy restores on release,
+        room may have appeared (a program ended, a paused program's request did, or a turn ended
+        and its program, now acting, may be paused for an overdue one) and a queued request
+        waits for a restore (its program paused or unplaced; idle paused programs wait for the
+        tick). The shell asks after each request or program ends: a flag and a queue scan."""
+        if not (self.policy.on_release and self._freed):
+            return False
+        programs = self.state.programs
+        for r in self.state.queue:
+            p = programs.get(r.program_id)
+            if p is not None and (p.paused or p.engine is None):
+                return True
+        self._freed = False  # nobody to hand it to
+        return False
 
     def admit(self) -> list[Pause | Restore]:
         """The admission policy's restore half (``Admission.restore``), applied like ``tick``."""
         return self._admit(self.policy.admission.restore)
 
     def _admit(self, decide: Callable[[SchedState, float], list[Pause | Restore]]) -> list[Pause | Restore]:
+        self._freed = False  # this pass sees all the room there is
         now = self.clock.now()
         applied: list[Pause | Restore] = []
         self.state.indexing, self.state.claims = True, None
