@@ -89,8 +89,11 @@ def test_an_arrival_cuts_a_decode_run_at_the_step_under_way() -> None:
     assert long.finished_at == 12.0
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_runs_of_decode_steps_time_like_single_steps(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runs_of_decode_steps_time_like_single_steps(
+    seed: int, grouped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = random.Random(seed)
     prof = profile(
         overhead_s=0.01, per_token_s=1e-4, decode_attn_s=1e-6, prefill_attn_s=1e-7,
@@ -100,7 +103,12 @@ def test_runs_of_decode_steps_time_like_single_steps(seed: int, monkeypatch: pyt
 
     def once() -> list[tuple[float | None, float | None, int]]:
         reqs = [EngineRequest(f"r{i}", f"p{i % 5}", n, m, t) for i, (t, n, m) in enumerate(specs)]
-        drive(SimEngine("e", prof), [(r.arrived, r) for r in reqs])
+        if grouped:  # two groups sharing a 12-token task prompt
+            for r in reqs:
+                r.shared_key, r.shared_tokens = f"g{int(r.program_id[1:]) % 2}", 12
+        e = SimEngine("e", prof)
+        drive(e, [(r.arrived, r) for r in reqs])
+        assert e.kv.used == 0  # every block and group reference given back
         return [(r.first_token_at, r.finished_at, r.preemptions) for r in reqs]
 
     batched = once()
@@ -110,3 +118,47 @@ def test_runs_of_decode_steps_time_like_single_steps(seed: int, monkeypatch: pyt
     for (f1, e1, p1), (f2, e2, p2) in zip(batched, stepped, strict=True):
         assert p1 == p2
         assert f1 == pytest.approx(f2, abs=1e-9) and e1 == pytest.approx(e2, abs=1e-9)
+
+
+def member(rid: str, pid: str, prompt: int, out: int, at: float, shared: int = 9) -> EngineRequest:
+    """A request of group ``g`` whose context starts with the group's ``shared``-token task prompt."""
+    r = EngineRequest(rid, pid, prompt, out, at)
+    r.shared_key, r.shared_tokens = "g", shared
+    return r
+
+
+def test_a_group_member_references_the_task_prompt_blocks_another_member_computed() -> None:
+    # 4-token blocks, a 9-token task prompt: 2 full blocks the group shares. a computes them and
+    # publishes them; b, admitted while a runs, takes them without computing or allocating them.
+    e = SimEngine("e", profile(num_blocks=20))
+    a, b = member("a", "pa", 11, 3, 0.0), member("b", "pb", 11, 3, 1.5)
+    drive(e, [(0.0, a), (1.5, b)])
+    assert (a.cached_tokens, b.cached_tokens) == (0, 8)
+    assert e.prefill_done == 11 + 3
+    assert e.kv.used == 0  # every reference and block given back
+    assert e.kv.shared_blocks("g") == (2, False)  # cached for the group's later members
+    later = member("c", "pc", 11, 1, 20.0)
+    drive(e, [(20.0, later)])
+    assert later.cached_tokens == 8
+
+
+def test_shared_blocks_count_once_so_more_members_fit_than_private_copies_would() -> None:
+    # 8 blocks: four members of 11 prompt tokens + 1 output need 3 blocks each privately (12 in
+    # all, so some would wait); sharing 2 blocks, they need 2 + 4 x 1 = 6 and run together.
+    e = SimEngine("e", profile(num_blocks=8))
+    first = member("m0", "p0", 11, 1, 0.0)
+    rest = [member(f"m{i}", f"p{i}", 11, 1, 1.0) for i in range(1, 4)]
+    drive(e, [(0.0, first), *((1.0, r) for r in rest)])
+    assert {r.first_token_at for r in rest} == {2.0}  # all admitted in one step
+    assert e.preemptions == 0 and e.kv.used == 0
+
+
+def test_a_members_own_prefix_is_reused_behind_the_group_blocks_on_its_next_turn() -> None:
+    e = SimEngine("e", profile(num_blocks=20))
+    t1 = member("t1", "p", 11, 5, 0.0)
+    drive(e, [(0.0, t1)])
+    t2 = member("t2", "p", 18, 2, 10.0)  # its 15 computed tokens plus a tool result
+    drive(e, [(10.0, t2)])
+    assert t2.cached_tokens == 12  # 2 group blocks + its own 1 full block behind them
+    assert e.kv.cached_for("p") == 19 // 4 - 2  # its entry never holds the group's blocks
+    assert e.kv.used == 0

@@ -2,9 +2,10 @@
 gateway in front of a real vLLM, recorded as a trace the simulator can replay.
 
 Each program is created through ``POST /programs`` and plays its plan: a user message of about
-the plan's prompt size, then per turn a chat completion with ``max_tokens`` = the plan's output
-length (``ignore_eos`` in the program's sampling: exactly that many), a sleep of the plan's
-tool latency and a tool-result message of about the plan's tool size; it finishes through
+the plan's prompt size (its group's task prompt, the same for the group's members only), then
+per turn a chat completion with ``max_tokens`` = the plan's output length (``ignore_eos`` in
+the program's sampling: exactly that many), a sleep of the plan's tool latency and a
+tool-result message of about the plan's tool size; it finishes through
 ``POST /programs/{id}/finish`` (the scheduler forgets it). The token counts the gateway reports
 (``usage``) are what the trace keeps, so the simulated replay sees the prompt and output sizes
 the engine really processed, even where a text's token count differed from the plan.
@@ -59,6 +60,13 @@ def _text(n: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + i) % len(WORDS)] for i in range(max(1, round(n / 2.4))))
 
 
+def _task(plan: ProgramPlan) -> str:
+    """The group's task prompt: one text for its members, another for every other group. (One
+    text for every program let all of them share a prefix that the replay does not model: the
+    simulator shares task-prompt blocks within a group only.)"""
+    return f"task {plan.group_id}: " + _text(plan.turns[0].prompt_tokens - 5, 0)
+
+
 async def _counter(
     client: httpx.AsyncClient, url: str, name: str, headers: dict[str, str] | None = None
 ) -> float:
@@ -94,7 +102,7 @@ async def _program(
     r.raise_for_status()
     prog = r.json()
     key = {"authorization": f"Bearer {prog['api_key']}"}
-    messages: list[dict[str, Any]] = [{"role": "user", "content": _text(plan.turns[0].prompt_tokens, 0)}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": _task(plan)}]
     last_context = 0
     for i, turn in enumerate(plan.turns):
         body = {"model": "tiny", "messages": messages, "max_tokens": turn.output_tokens, "temperature": 1.0}

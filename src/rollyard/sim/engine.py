@@ -7,10 +7,12 @@ get a new KV block preempts the most recently admitted running request (which fr
 blocks and goes back to the front of the waiting queue, to be recomputed later: its prompt
 and the tokens it had generated are prefilled again, from the prefix cache where the blocks
 were not yet evicted); then, if nothing was preempted, waiting requests in order while their
-blocks fit. Runs of pure decode steps in which nothing can change (no request finishes, none
-needs a block that is not there, none is waiting that could be admitted) are taken as one
-event of k steps; an arrival cuts such a run short at the step under way, so the result is
-the same as stepping one by one.
+blocks fit. A request of a GRPO group (``shared_key``) references its group's task-prompt
+blocks instead of computing them when a member already has (``BlockPool.share``). Runs of
+pure decode steps in which nothing can change (no request finishes, none needs a block that
+is not there, none is waiting that could be admitted) are taken as one event of k steps; an
+arrival cuts such a run short at the step under way, so the result is the same as stepping
+one by one.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class EngineRequest:
     finished_at: float | None = None
     preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (all admissions)
+    shared_key: str | None = None  # its group, whose task prompt every member's context starts with
+    shared_tokens: int = 0  # that prompt's tokens
+    shared: int = 0  # the group's blocks it references (apart from ``blocks``, its own)
 
     def __post_init__(self) -> None:
         self.target = self.prompt_tokens
@@ -122,6 +127,7 @@ class SimEngine:
                 self.prefill_s += (run.end - run.start) * pre / sum(n for _, n in run.batch)
             for r, ntok in run.batch:
                 r.computed += ntok
+                self._publish(r)
                 if r.computed >= r.target:
                     r.generated += 1
                     self.output_tokens += 1
@@ -132,10 +138,41 @@ class SimEngine:
         for r in done:
             r.finished_at = now
             self.running.remove(r)
-            self.kv.release(r.program_id, r.blocks, r.computed)
-            r.blocks = 0
+            self._release(r)
         self.run = None
         return done
+
+    # ---- the group's shared prefix ---------------------------------------------------------
+    def _want(self, r: EngineRequest) -> int:
+        """The group-prefix blocks a request can share (full blocks, never its last prompt token)."""
+        if r.shared_key is None:
+            return 0
+        return min(r.shared_tokens, max(0, r.prompt_tokens - 1)) // self.kv.block_size
+
+    def _publish(self, r: EngineRequest) -> None:
+        """A member that computed the group prefix itself hands those blocks to the group."""
+        want = self._want(r)
+        if want and not r.shared and r.computed >= want * self.kv.block_size:
+            assert r.shared_key is not None
+            if self.kv.publish(r.shared_key, want):
+                r.blocks -= want
+                r.shared = want
+
+    def _release(self, r: EngineRequest) -> None:
+        self.kv.release(r.program_id, r.blocks, r.computed, r.shared, self._want(r))
+        if r.shared:
+            assert r.shared_key is not None
+            self.kv.unshare(r.shared_key)
+        r.blocks = r.shared = 0
+
+    def _first_hit(self, r: EngineRequest) -> int:
+        """Admit ``r``'s cached prefix: the group's blocks, then its own entry behind them."""
+        kv, want = self.kv, self._want(r)
+        shared = kv.share(r.shared_key, want) if want else 0
+        assert r.shared_key is not None or not shared
+        own = kv.hit(r.program_id, r.target, want) if shared == want else 0
+        r.shared, r.blocks = shared, own // kv.block_size
+        return shared * kv.block_size + own
 
     def fail(self) -> list[EngineRequest]:
         """The engine died: every request on it is lost, and so is its cache."""
@@ -179,7 +216,7 @@ class SimEngine:
     def _kv_steps(self, k: int) -> int:
         """The most decode steps (<= k) whose new blocks fit."""
         bs, avail = self.kv.block_size, self.kv.available
-        room = [r.blocks * bs - r.computed for r in self.running]  # tokens left in held blocks
+        room = [(r.blocks + r.shared) * bs - r.computed for r in self.running]  # left in held blocks
 
         def need(j: int) -> int:
             return sum(-(-(j - o) // bs) for o in room if j > o)
@@ -194,10 +231,14 @@ class SimEngine:
 
     def _admissible(self, r: EngineRequest) -> bool:
         """Would the waiting head get the blocks for its first chunk now?"""
-        bs = self.kv.block_size
-        hit = min(self.kv.cached_for(r.program_id), max(0, r.target - 1) // bs)
+        kv, bs, want = self.kv, self.kv.block_size, self._want(r)
+        have, in_use = kv.shared_blocks(r.shared_key) if r.shared_key is not None and want else (0, False)
+        shared = min(have, want)
+        own = min(kv.cached_for(r.program_id), max(0, (r.target - 1) // bs - want)) if shared == want else 0
+        hit = shared + own
+        taken = own + (0 if in_use else shared)  # cached blocks it would take out of the free pool
         chunk = min(r.target - hit * bs, max(1, self.profile.max_batched_tokens - len(self.running)))
-        return self.kv.blocks_for(hit * bs + chunk) - hit <= self.kv.available - hit
+        return kv.blocks_for(hit * bs + chunk) - hit <= kv.available - taken
 
     def _cut(self, now: float) -> float | None:
         """Shorten the decode run under way to the step in progress at ``now``."""
@@ -223,7 +264,7 @@ class SimEngine:
         while i < len(self.running) and budget > 0:
             r = self.running[i]
             ntok = min(r.target - r.computed, budget) if r.computed < r.target else 1
-            need = -(-(r.computed + ntok) // bs) - r.blocks
+            need = -(-(r.computed + ntok) // bs) - r.blocks - r.shared
             gone = False
             while need > 0 and not gone and not kv.allocate(need):
                 victim = self.running.pop()
@@ -239,17 +280,16 @@ class SimEngine:
         while not preempted and self.waiting and len(self.running) < p.max_num_seqs and budget > 0:
             r = self.waiting[0]
             if r.computed == 0:
-                hit = kv.hit(r.program_id, r.target)
-                r.computed, r.blocks = hit, hit // kv.block_size
+                hit = r.computed = self._first_hit(r)
                 r.cached_tokens += hit
                 self.hit_tokens += hit
             ntok = min(r.target - r.computed, budget)
-            need = kv.blocks_for(r.computed + ntok) - r.blocks
+            need = kv.blocks_for(r.computed + ntok) - r.blocks - r.shared
             if not kv.allocate(need):
                 self.hit_tokens -= r.computed  # the hit is given back with the blocks
                 r.cached_tokens -= r.computed
-                kv.release(r.program_id, r.blocks, r.computed)
-                r.computed = r.blocks = 0
+                self._release(r)
+                r.computed = 0
                 break
             r.blocks += need
             self.waiting.popleft()
@@ -269,10 +309,10 @@ class SimEngine:
 
     def _preempt(self, r: EngineRequest) -> None:
         """vLLM's recompute preemption: free every block, back to the front of the queue."""
-        self.kv.release(r.program_id, r.blocks, r.computed)
+        self._release(r)
         self.recomputed_tokens += r.computed
         self.preemptions += 1
         r.preemptions += 1
-        r.blocks = r.computed = 0
+        r.computed = 0
         r.target = r.prompt_tokens + r.generated
         self.waiting.appendleft(r)

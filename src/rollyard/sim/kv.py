@@ -6,6 +6,14 @@ prompt extends that history reuses them instead of recomputing. Agent histories 
 (a rewrite would be a new program here), so a program's cached prefix is one count of blocks,
 and eviction takes blocks from the tail of the least recently used program's prefix: the
 same blocks vLLM would evict first, at a fraction of the bookkeeping.
+
+A GRPO group's programs start from the same task prompt, so their first full blocks are the
+same content and vLLM's hashed prefix cache stores them once: a member admitted while another
+references them (or while they are cached) computes none of them and takes no new blocks.
+Those blocks belong to the group (``share`` / ``publish`` / ``unshare``, counted once in
+``used`` while any member references them, then cached under the group like a program's
+prefix); a program's own entry holds only the blocks after them, and is usable only behind the
+whole shared prefix (vLLM's chained block hashes).
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.used = 0  # blocks referenced by running requests
-        self._cached: OrderedDict[str, int] = OrderedDict()  # program -> cached prefix blocks, LRU first
+        # program (or _group(key)) -> cached prefix blocks, LRU first
+        self._cached: OrderedDict[str, int] = OrderedDict()
+        self._groups: dict[str, list[int]] = {}  # group key -> [shared blocks, requests referencing]
         self.cached = 0  # total evictable cached blocks
         self.evicted = 0
 
@@ -40,19 +50,63 @@ class BlockPool:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def hit(self, program: str, prompt_tokens: int) -> int:
+    def hit(self, program: str, prompt_tokens: int, skip_blocks: int = 0) -> int:
         """Take the program's cached prefix for a new prompt; returns the tokens it covers.
 
+        ``skip_blocks``: the group's shared blocks in front of it (the entry starts after them).
         The last prompt token is always computed (it yields the first output), so at most
         ``(prompt - 1) // block_size`` full blocks are reused; the rest of the entry is dropped
         from the cache (its blocks are about to be overwritten by this request's own)."""
         have = self._cached.pop(program, 0)
         if not have:
             return 0
-        take = min(have, max(0, prompt_tokens - 1) // self.block_size)
+        take = max(0, min(have, max(0, prompt_tokens - 1) // self.block_size - skip_blocks))
         self.cached -= have
         self.used += take
         return take * self.block_size
+
+    def shared_blocks(self, key: str) -> tuple[int, bool]:
+        """(blocks of the group's prefix there are, whether they are referenced now)."""
+        g = self._groups.get(key)
+        return (g[0], True) if g is not None else (self._cached.get(_group(key), 0), False)
+
+    def share(self, key: str, want: int) -> int:
+        """Reference the group's computed prefix (at most ``want`` blocks) for a request being
+        admitted; returns the blocks it covers (0: none there, the request computes its own)."""
+        g = self._groups.get(key)
+        if g is not None:
+            g[1] += 1
+            return min(g[0], want)
+        have = self._cached.pop(_group(key), 0)
+        if not have:
+            return 0
+        take = min(have, want)
+        self.cached -= have
+        self.used += take
+        self._groups[key] = [take, 1]
+        return take
+
+    def publish(self, key: str, blocks: int) -> bool:
+        """A request computed the group's prefix in its own blocks: they become the group's (for
+        later members) if the group has none referenced yet; False: it keeps them as its own."""
+        if key in self._groups:
+            return False
+        self._groups[key] = [blocks, 1]
+        return True
+
+    def unshare(self, key: str) -> None:
+        """A request let go of the group's blocks; the last one leaves them cached."""
+        g = self._groups[key]
+        g[1] -= 1
+        if g[1] > 0:
+            return
+        del self._groups[key]
+        self.used -= g[0]
+        gk = _group(key)
+        old = self._cached.pop(gk, 0)
+        keep = max(old, g[0])
+        self.cached += keep - old
+        self._cached[gk] = keep
 
     def allocate(self, n: int) -> bool:
         """Reference ``n`` more blocks, evicting cached ones LRU-first; False if they do not fit."""
@@ -74,10 +128,17 @@ class BlockPool:
         self.used += n
         return True
 
-    def release(self, program: str, held_blocks: int, computed_tokens: int) -> None:
-        """A request let go of its blocks; its full ones stay cached as the program's prefix."""
+    def release(
+        self, program: str, held_blocks: int, computed_tokens: int, own_from: int = 0, entry_from: int = 0
+    ) -> None:
+        """A request let go of its own blocks; its full ones stay cached as the program's prefix.
+
+        Its own blocks start at position ``own_from`` (after the group's blocks it referenced);
+        the program's entry starts at ``entry_from`` (after the whole group prefix): own blocks
+        in between are freed, not kept."""
         self.used -= held_blocks
-        keep = min(held_blocks, computed_tokens // self.block_size)
+        skip = max(0, entry_from - own_from)
+        keep = max(0, min(held_blocks - skip, computed_tokens // self.block_size - entry_from))
         old = self._cached.pop(program, 0)
         if old > keep:  # an older, longer prefix of the same program (another request) wins
             keep = old
@@ -89,4 +150,10 @@ class BlockPool:
         """The engine died: nothing is referenced or cached any more."""
         self.used = 0
         self._cached.clear()
+        self._groups.clear()
         self.cached = 0
+
+
+def _group(key: str) -> str:
+    """A group's cache entry name (apart from program ids, which never start with NUL)."""
+    return "\0" + key

@@ -221,6 +221,8 @@ class Simulation:
             self._running[d.request_id] = (d.program_id, d.engine)
             self.stats.queue_wait.append(d.waited_s)
             req = EngineRequest(d.request_id, d.program_id, p.ask[0], p.ask[1], now)
+            if p.plan.group_size > 1:  # its context starts with the group's task prompt
+                req.shared_key, req.shared_tokens = p.plan.group_id, p.plan.turns[0].prompt_tokens
             self._at(now + self.profile.request_s, ARRIVE, engine, req)
 
     def _arrive(self, engine: SimEngine, req: EngineRequest) -> None:
