@@ -19,11 +19,13 @@ gateway's hold-time histogram, upper bucket bound) and the prefix-cache ``hit_ra
 rollyard. The details also give, per path, the prompt tokens vLLM computed (not served from
 its prefix cache) and its seconds in prefill: the recompute that pausing is meant to save.
 A request that waits past ``ROLLYARD_BENCH_TIMEOUT_S`` (120 s) ends its program (counted in
-``timed_out``; its turns so far count). One engine only: two engines on two shared cores
-would measure contention, not routing (docs/scheduling.md; that run is not completed yet).
+``timed_out``; its turns so far count). ``ROLLYARD_BENCH_ENGINES=2`` runs the routing rows: two
+engines, each pinned to one core, the direct clients split evenly between them (a long and a
+short program each), result ``programs-2engines``. ``ROLLYARD_BENCH_EXTRA`` adds paths, one
+``--policy`` spec each, ";"-separated (``fifo,router=cost_aware;seer``).
 
-The defaults (8 programs x 3 turns, 3 rounds, 12 paths of 100-200 s each) took 32 minutes at
-load average 12-25 on the 2-core machine, plus ~2.5 minutes of engine start;
+The defaults (8 programs x 3 turns, 3 rounds, 12 paths) took 9 minutes on a quiet machine and 32
+at load average 12-25 on the 2-core machine, plus ~1-3 minutes of engine start;
 ``ROLLYARD_BENCH_PROGRAMS``, ``_TURNS``, ``_ROUNDS``, ``_KV_TOKENS``, ``_MODEL_SIZE``
 (``small`` | ``tiny``) and ``_MAX_MODEL_LEN`` size it up (the issue's 32-48 programs over
 6-10 turns take hours here). ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``
@@ -67,33 +69,40 @@ def _env_int(name: str, default: int) -> int:
 
 
 @contextlib.contextmanager
-def _engine(size: str, kv_tokens: int, max_model_len: int) -> Iterator[tuple[str, Path]]:
-    """A fresh vLLM serving a new ``size`` model with a capped KV cache, or the engine named by
-    ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR``."""
+def _engines(size: str, kv_tokens: int, max_model_len: int, count: int) -> Iterator[tuple[list[str], Path]]:
+    """``count`` fresh vLLMs (one core each when there are two) serving a new ``size`` model with
+    a capped KV cache, or the engine named by ``ROLLYARD_BENCH_ENGINE_URL`` + ``_MODEL_DIR``."""
     url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
     if url and model:
-        yield url, Path(model)
+        yield [url], Path(model)
         return
     from rollyard.engines.launcher import VLLMServer
     from rollyard.engines.tiny_model import create_model
 
-    with tempfile.TemporaryDirectory() as d:
+    cpus = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         model_dir = create_model(Path(d) / size, seed=0, size=size)
-        with VLLMServer(
-            model_dir,
-            kv_tokens=kv_tokens,
-            max_model_len=max_model_len,
-            served_name=SERVED,
-            startup_timeout_s=900.0,  # the small model on 2 loaded cores: 2-5 minutes
-        ) as server:
-            yield server.url, model_dir
+        urls = []
+        for i in range(count):
+            server = VLLMServer(
+                model_dir,
+                kv_tokens=kv_tokens,
+                max_model_len=max_model_len,
+                served_name=SERVED,
+                startup_timeout_s=900.0,  # the small model on 2 loaded cores: 2-5 minutes
+                cpu_threads=str(i % cpus) if count > 1 else None,
+            )
+            urls.append(stack.enter_context(server).url)
+        yield urls, model_dir
 
 
 @contextlib.contextmanager
-def _gateway(engine_url: str, model_dir: Path, policy: str) -> Iterator[str]:
+def _gateway(engine_urls: list[str], model_dir: Path, policy: str) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
-        cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url, "--policy", policy]
+        cmd = [sys.executable, "-m", "rollyard", "gateway", "--policy", policy]
+        for url in engine_urls:
+            cmd += ["--engine", url]
         cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
         cmd += ["--model-name", SERVED]
         env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
@@ -161,21 +170,23 @@ async def _program(base: str, key: str, tag: str, long: bool, turns: int, seed: 
     return {"long": long, "first_s": first, "turns": done, "timed_out": False}
 
 
-async def _engine_counts(url: str) -> dict[str, float]:
+async def _engine_counts(urls: list[str]) -> dict[str, float]:
+    """The engines' counters, summed."""
     from rollyard.engines.vllm import VLLMBackend
 
-    b = VLLMBackend(url)
-    try:
-        s = await b.stats()
-    finally:
-        await b.aclose()
-    return {
-        "preemptions": s.preemptions,
-        "hits": s.prefix_cache_hits,
-        "queries": s.prefix_cache_queries,
-        "prefill_tokens": s.prefill_tokens,
-        "prefill_s": s.prefill_s,
-    }
+    out = dict.fromkeys(("preemptions", "hits", "queries", "prefill_tokens", "prefill_s"), 0.0)
+    for url in urls:
+        b = VLLMBackend(url)
+        try:
+            s = await b.stats()
+        finally:
+            await b.aclose()
+        out["preemptions"] += s.preemptions
+        out["hits"] += s.prefix_cache_hits
+        out["queries"] += s.prefix_cache_queries
+        out["prefill_tokens"] += s.prefill_tokens
+        out["prefill_s"] += s.prefill_s
+    return out
 
 
 def _hold_p99(metrics_text: str) -> float:
@@ -196,15 +207,15 @@ def _counter(metrics_text: str, name: str) -> float:
 
 
 async def _run_path(
-    path: str, engine_url: str, gateway_url: str | None, n: int, turns: int, tag: str
+    path: str, engine_urls: list[str], gateway_url: str | None, n: int, turns: int, tag: str
 ) -> dict[str, Any]:
-    pre = await _engine_counts(engine_url)
+    pre = await _engine_counts(engine_urls)
     keys: list[tuple[str, str, str | None]] = []  # (base url, key, program id)
     admin = {"x-api-key": ADMIN}
     async with httpx.AsyncClient() as http:
-        for _ in range(n):
-            if gateway_url is None:
-                keys.append((f"{engine_url}/v1", "none", None))
+        for i in range(n):
+            if gateway_url is None:  # pairs (a long and a short program) spread over the engines
+                keys.append((f"{engine_urls[i // 2 % len(engine_urls)]}/v1", "none", None))
                 continue
             body = {"sampling": {"temperature": 1.0, "ignore_eos": True}}  # as the direct path asks
             r = await http.post(f"{gateway_url}/programs", json=body, headers=admin)
@@ -224,7 +235,7 @@ async def _run_path(
         t0 = time.perf_counter()
         progs = await asyncio.gather(*(run(i, *k) for i, k in enumerate(keys)))
     wall = time.perf_counter() - t0
-    post = await _engine_counts(engine_url)
+    post = await _engine_counts(engine_urls)
     d = {k: post[k] - pre[k] for k in pre}
     hold, pauses = 0.0, 0.0
     if gateway_url is not None:
@@ -248,12 +259,13 @@ async def _run_path(
     }
 
 
-def _orders(rounds: int) -> list[tuple[str, ...]]:
+def _orders(rounds: int, paths: tuple[str, ...] = PATHS) -> list[tuple[str, ...]]:
     """Each round's path order: forward, then reversed, then rotated, so no path always runs
     first (right after the engine is idle) or last."""
     out: list[tuple[str, ...]] = []
     for r in range(rounds):
-        base = PATHS[r // 2 % len(PATHS) :] + PATHS[: r // 2 % len(PATHS)]
+        k = r // 2 % len(paths)
+        base = paths[k:] + paths[:k]
         out.append(base if r % 2 == 0 else tuple(reversed(base)))
     return out
 
@@ -263,19 +275,22 @@ def main(quick: bool = False) -> None:
     n, turns = _env_int("PROGRAMS", n), _env_int("TURNS", turns)
     rounds = _env_int("ROUNDS", rounds)
     kv_tokens, max_model_len = _env_int("KV_TOKENS", 2560), _env_int("MAX_MODEL_LEN", 2048)
+    engines = _env_int("ENGINES", 1)
     size = os.environ.get("ROLLYARD_BENCH_MODEL_SIZE", "small")
-    per_path: dict[str, list[dict[str, Any]]] = {p: [] for p in PATHS}
+    extra = tuple(x.strip() for x in os.environ.get("ROLLYARD_BENCH_EXTRA", "").split(";") if x.strip())
+    paths = PATHS + extra
+    per_path: dict[str, list[dict[str, Any]]] = {p: [] for p in paths}
     loads = [loadavg()]
     started = time.perf_counter()
-    with _engine(size, kv_tokens, max_model_len) as (engine_url, model_dir):
-        for r, order in enumerate(_orders(rounds)):
+    with _engines(size, kv_tokens, max_model_len, engines) as (engine_urls, model_dir):
+        for r, order in enumerate(_orders(rounds, paths)):
             for path in order:
                 tag = f"round{r}"
                 if path == "direct":
-                    res = asyncio.run(_run_path(path, engine_url, None, n, turns, tag))
+                    res = asyncio.run(_run_path(path, engine_urls, None, n, turns, tag))
                 else:
-                    with _gateway(engine_url, model_dir, OURS if path == "rollyard" else path) as gw:
-                        res = asyncio.run(_run_path(path, engine_url, gw, n, turns, tag))
+                    with _gateway(engine_urls, model_dir, OURS if path == "rollyard" else path) as gw:
+                        res = asyncio.run(_run_path(path, engine_urls, gw, n, turns, tag))
                 per_path[path].append(res)
                 print(f"round {r} {path}: {res}", flush=True)
     loads.append(loadavg())
@@ -305,8 +320,9 @@ def main(quick: bool = False) -> None:
         "timeout_s": TIMEOUT_S,
         "loadavg_start_end": loads,
         "wall_s": time.perf_counter() - started,
-        "orders": _orders(rounds),
+        "engines": len(engine_urls),
+        "orders": _orders(rounds, paths),
         "per_path": per_path,
-        "medians": {p: {k: med(p, k) for k in (*keys, "hold_p99_s", "pauses", "timed_out")} for p in PATHS},
+        "medians": {p: {k: med(p, k) for k in (*keys, "hold_p99_s", "pauses", "timed_out")} for p in paths},
     }
-    report("programs", summary, details)
+    report("programs" if len(engine_urls) == 1 else f"programs-{len(engine_urls)}engines", summary, details)
