@@ -13,11 +13,13 @@ import resource
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rollyard.core.errors import SandboxError
+from rollyard.sandbox._pidns import PidNamespace
 from rollyard.sandbox.base import ExecResult
 
 log = logging.getLogger(__name__)
@@ -35,29 +37,6 @@ class _Capture:
         room = self.cap - len(self.kept)
         if room > 0:
             self.kept += chunk[:room]
-
-
-async def wait_gone(pid: int, timeout: float) -> bool:
-    """Wait until ``pid`` (not necessarily our child) has exited; False on timeout."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: gone.done() or gone.set_result(None))
-    try:
-        await asyncio.wait({gone}, timeout=timeout)
-        return gone.done()
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-def reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is (now) our child and has exited; else nothing."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def confine(rlimits: Sequence[tuple[int, int]], cgroup_procs: Sequence[str]) -> Callable[[], None]:
@@ -110,6 +89,30 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+async def _end(
+    proc: subprocess.Popen[bytes], exited: asyncio.Future[None], pidns: PidNamespace | None
+) -> None:
+    """Kill a run: its pid namespace first, so that bwrap reaps the namespace's pid 1 (see
+    ``_pidns``), and bwrap's group only if it is still there after that."""
+    if pidns is not None and await pidns.kill(exited):
+        await asyncio.wait({exited}, timeout=2.0)
+    kill_group(proc.pid)
+    await exited
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for ``proc`` so that it never stays a zombie of ours; one that will not die even
+    after SIGKILL is waited for by a thread rather than left unreaped."""
+    for _ in range(2):
+        try:
+            return proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+    log.error("pid %d did not die after SIGKILL; a thread waits for it", proc.pid)
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return -9
+
+
 async def run_capped(
     argv: list[str],
     *,
@@ -120,8 +123,10 @@ async def run_capped(
     user: int | None = None,
     pass_fds: tuple[int, ...] = (),
     preexec: Callable[[], None] | None = None,
+    pidns: PidNamespace | None = None,
 ) -> ExecResult:
-    """Run ``argv``; on timeout or runaway output kill its process group. Never raises for the
+    """Run ``argv``; on timeout or runaway output kill it (``pidns``: the pid namespace of the
+    bwrap it is, first) and its process group; a killed run's rc is -9. Never raises for the
     command's own failure, only when it cannot be started. ``preexec`` (see ``confine``) runs in
     the child just before exec.
 
@@ -149,6 +154,8 @@ async def run_capped(
     except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"cannot start {argv[0]!r}: {e}") from e
     assert proc.stdout is not None and proc.stderr is not None
+    if pidns is not None:
+        pidns.attach(proc.pid)
     pidfd = os.pidfd_open(proc.pid)
     caps = {proc.stdout.fileno(): _Capture(output_bytes), proc.stderr.fileno(): _Capture(output_bytes)}
     open_fds = set(caps)
@@ -183,19 +190,20 @@ async def run_capped(
         os.set_blocking(fd, False)
         loop.add_reader(fd, on_output, fd)
     loop.add_reader(pidfd, on_exit)
-    timed_out = False
+    timed_out = killed = False
     try:
         done, _ = await asyncio.wait({exited, runaway}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if exited not in done:
             timed_out = runaway not in done
-            kill_group(proc.pid)
-            await exited
+            killed = True
+            await _end(proc, exited, pidns)
         # The group may outlive its leader (a background child holding the pipes): end it.
         kill_group(proc.pid)
         if open_fds:
             await asyncio.wait({drained}, timeout=2.0)
     except BaseException:
-        kill_group(proc.pid)
+        if pidns is None or not pidns.kill_now():  # else bwrap exits once it has reaped its pid 1
+            kill_group(proc.pid)
         raise
     finally:
         for fd in list(open_fds):
@@ -204,14 +212,10 @@ async def run_capped(
         os.close(pidfd)
         proc.stdout.close()
         proc.stderr.close()
-        try:
-            rc = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            log.error("pid %d did not die after SIGKILL", proc.pid)
-            rc = -9
+        rc = _reap(proc)
     out, err = caps.values()
     return ExecResult(
-        rc=rc,
+        rc=-9 if killed else rc,
         stdout=out.kept.decode("utf-8", "replace"),
         stderr=err.kept.decode("utf-8", "replace"),
         timed_out=timed_out,

@@ -102,7 +102,7 @@ def processes_in_range(first: int, count: int) -> dict[int, int]:
 def processes_of(uid: int) -> list[int]:
     """Live (non-zombie) pids whose real uid is ``uid``, host view. Reads ``status``, because
     /proc/PID of a non-dumpable process is owned by root whatever its uid. Zombies are skipped:
-    they hold nothing, and bwrap's pid 1 is reparented to the host's init, which reaps it."""
+    they hold nothing (and bwrap reaps its namespace's pid 1, see ``_pidns``)."""
     want = f"Uid:\t{uid}\t".encode()
     pids = []
     for entry in os.scandir("/proc"):

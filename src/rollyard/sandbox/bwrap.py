@@ -2,7 +2,8 @@
 
 Each ``exec`` is one bwrap run: new user, pid, ipc, uts, cgroup, mount and network namespaces, a
 read-only /usr, a minimal generated /etc, and the sandbox's own workspace, /tmp and home bound
-read-write. Because every exec gets a fresh pid namespace, nothing a command starts outlives it.
+read-write. Because every exec gets a fresh pid namespace, nothing a command starts outlives it;
+a killed exec is ended through that namespace's pid 1, not bwrap, so no zombie is left (``_pidns``).
 When the host user is root, bwrap itself runs as a leased unprivileged uid (see ``_uids``), so the
 process, memory, CPU and file-size rlimits bind even for root.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import resource
@@ -35,7 +35,8 @@ from rollyard.sandbox import _fs
 from rollyard.sandbox._cgroup import Cgroups
 from rollyard.sandbox._etc import build_etc
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
-from rollyard.sandbox._proc import confine, dash_confine, reap, run_capped, wait_gone
+from rollyard.sandbox._pidns import PidNamespace, parent_of
+from rollyard.sandbox._proc import confine, dash_confine, run_capped
 from rollyard.sandbox._quota import mount_quota
 from rollyard.sandbox._seccomp import write_filter
 from rollyard.sandbox._uids import (
@@ -123,6 +124,7 @@ class BwrapSandbox(HostWorkspace):
         if limit <= 0:
             raise SandboxError(f"timeout must be positive, got {timeout}")
         info_r, info_w = os.pipe()  # bwrap reports the host pid of the namespace's pid 1 here
+        pidns = PidNamespace(info_r)
         fds = [info_w]
         argv = [*self._prefix, "--info-fd", str(info_w)]
         filt = self._provider.seccomp if self.spec.limits.seccomp else None
@@ -142,12 +144,14 @@ class BwrapSandbox(HostWorkspace):
                     user=self._popen_uid,
                     pass_fds=tuple(fds),
                     preexec=self._preexec,
+                    pidns=pidns,
                 )
             finally:
                 for fd in fds:
                     os.close(fd)
-            await self._await_namespace_end(info_r)
+            await self._await_namespace_end(pidns)
         finally:
+            pidns.close()
             os.close(info_r)
             self._active -= 1
         if result.rc < 0 and self._lease is not None:
@@ -157,32 +161,30 @@ class BwrapSandbox(HostWorkspace):
             return result.model_copy(update={"rc": -9})
         return result
 
-    async def _await_namespace_end(self, info_r: int) -> None:
-        """bwrap has exited; wait for its pid 1 too. The kernel kills every process of the pid
-        namespace before that pid 1 finishes exiting, so once it is gone nothing of this exec runs."""
-        os.set_blocking(info_r, False)
-        try:
-            info = json.loads(os.read(info_r, 4096) or b"{}")
-        except (OSError, ValueError):
-            info = {}
-        child = info.get("child-pid")
-        if isinstance(child, int) and not await wait_gone(child, 2.0):
-            log.warning("sandbox=%s pid namespace of pid %d still alive after 2 s", self.id, child)
+    async def _await_namespace_end(self, pidns: PidNamespace) -> None:
+        """bwrap has exited; wait for its pid 1 too (it only outlives bwrap when bwrap itself was
+        killed). The kernel kills every process of the pid namespace before that pid 1 finishes
+        exiting, so once it is gone nothing of this exec runs."""
+        if not await pidns.wait_gone(2.0):
+            log.warning("sandbox=%s pid namespace still alive 2 s after bwrap exited", self.id)
             self._killed = True  # let close() sweep
-        elif isinstance(child, int):
-            reap(child)  # collected here if it is our child; else its (init) parent's to reap
 
     def _settle(self, wait_s: float = 2.0, *, force: bool = False) -> None:
         """After a kill, wait until the killed pid namespace is really gone (the kernel tears it
         down asynchronously), so a caller that counts processes sees none. When no other exec is
-        running (or ``force``), whatever still runs under this sandbox's uid is killed."""
-        deadline = time.monotonic() + wait_s
+        running (or ``force``), whatever still runs under this sandbox's uid is killed: first all
+        but the bwraps this process started, so that each reaps its namespace's pid 1 rather than
+        leave it a zombie of the host's init (see ``_pidns``); those too after a grace period."""
+        start = time.monotonic()
+        me = os.getpid()
         while pids := processes_of(self.uid):
             if force or self._active == 0:
+                late = time.monotonic() > start + 0.5
                 for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
+                    if late or parent_of(pid) != me:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > start + wait_s:
                 return
             time.sleep(0.01)
 
