@@ -24,6 +24,8 @@ def test_a_short_soak_has_no_errors_no_resets_and_frees_finished_programs(
     assert res["errors"] == 0 and res["resets"] == 0, res
     assert res["big_bodies_sent"] >= 2 and res["big_bodies_refused"] == res["big_bodies_sent"], res
     assert res["programs_finished"] >= 16
+    # The gateway's loop lag over the run, from its /metrics (a probe wakes every 0.1 s).
+    assert res["loop_lag_samples"] >= 30 and 0 < res["loop_lag_p50_ms"] <= res["loop_lag_p99_ms"], res
     # Every finished program's in-memory state is gone; only those still mid-conversation (at
     # most one per client) and those the soak abandoned unfinished (freed by the idle TTL) remain.
     assert len(gw.conversations) <= 16 + res["programs_abandoned"], res

@@ -14,8 +14,10 @@ Reported: requests, errors (a status other than 200, or an error event in a stre
 warm-up (the first third of the run), and ``/health`` p99 while a 10 MB body was being
 refused; the baseline beside it is ``/health`` p99 at other times; from the gateway's
 ``/metrics``: programs ended by the idle TTL, engine requests resent after a dropped kept-alive
-connection, engine calls retried, breaker openings. The load average is recorded: on the
-shared 2-core machine the engine, the gateway and this client share cores.
+connection, engine calls retried, breaker openings, and the p50/p99 of the gateway's event-loop
+lag over the run (``rollyard_gateway_loop_lag_seconds``: a slow ``/health`` with a low loop lag
+is the host or the network, not work on the gateway's loop). The load average is recorded: on
+the shared 2-core machine the engine, the gateway and this client share cores.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -81,6 +84,34 @@ def _gauges(url: str) -> dict[str, float]:
         k: sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix))
         for k, prefix in names.items()
     }
+
+
+def _lag_buckets(url: str) -> dict[float, float]:
+    """The gateway's loop-lag histogram: upper bound -> cumulative count."""
+    text = httpx.get(f"{url}/metrics", headers={"x-api-key": ADMIN}).text
+    prefix = 'rollyard_gateway_loop_lag_seconds_bucket{le="'
+    return {
+        float(ln[len(prefix) :].split('"', 1)[0]): float(ln.rsplit(" ", 1)[1])
+        for ln in text.splitlines()
+        if ln.startswith(prefix)
+    }
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """The ``q`` quantile of what a cumulative histogram observed between two scrapes, linear
+    within its bucket as Prometheus' ``histogram_quantile`` is (the highest finite bound if it
+    falls in +Inf); 0 with no observations."""
+    les = sorted(after)
+    counts = [after[le] - before.get(le, 0.0) for le in les]
+    if not counts or counts[-1] <= 0:
+        return 0.0
+    rank = q * counts[-1]
+    lo, below = 0.0, 0.0
+    for le, n in zip(les, counts, strict=True):
+        if n >= rank:
+            return lo if math.isinf(le) else lo + (le - lo) * (rank - below) / (n - below)
+        lo, below = le, n
+    return lo
 
 
 class Soak:
@@ -205,6 +236,7 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         t = time.perf_counter()
         progs = [await soak.new_program() for _ in range(programs)]
         register_s = time.perf_counter() - t
+        lag0 = await asyncio.to_thread(_lag_buckets, url)
         start = time.perf_counter()
         soak.until = start + seconds
         share = [progs[i::concurrency] for i in range(concurrency)]
@@ -223,6 +255,7 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         )
         wall = time.perf_counter() - start
     gauges = await asyncio.to_thread(_gauges, url)
+    lag = await asyncio.to_thread(_lag_buckets, url)
     warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
     during = [d for at, d in soak.health if any(a <= at <= b for a, b in soak.big_windows)]
     other = [d for at, d in soak.health if not any(a <= at <= b for a, b in soak.big_windows)]
@@ -248,6 +281,9 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         "programs_abandoned": soak.abandoned,
         "register_s": register_s,
         "seconds": wall,
+        "loop_lag_p50_ms": 1000 * bucket_quantile(lag0, lag, 0.5),
+        "loop_lag_p99_ms": 1000 * bucket_quantile(lag0, lag, 0.99),
+        "loop_lag_samples": lag.get(math.inf, 0.0) - lag0.get(math.inf, 0.0),
         **gauges,
     }
 
@@ -270,6 +306,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "rss_growth": res["rss_growth"],
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
+        "loop_lag_p99_ms": res["loop_lag_p99_ms"],
         "load1": res["loadavg_after"][0],
         "idle_ended": res["programs_idle_ended"],
         "engine_resends": res["engine_resends"],

@@ -25,7 +25,7 @@ from rollyard.gateway.edge import PREFIXES
 from rollyard.gateway.guard import GuardedBackend, GuardMetrics
 from rollyard.gateway.idle import IdlePrograms, reap_forever
 from rollyard.gateway.limits import BodyLimit
-from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.metrics import GatewayMetrics, watch_loop_lag
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
@@ -71,7 +71,8 @@ def create_app(
     ``limits`` (``GatewayLimits``): bodies over ``max_body_bytes`` get a 413 before they are
     read whole; ``/metrics`` needs the admin token unless ``open_metrics``; each engine sits
     behind a circuit breaker (``guard.GuardedBackend``) and each program has an error budget;
-    programs idle longer than ``program_idle_ttl_s`` are terminated (``idle.IdlePrograms``).
+    programs idle longer than ``program_idle_ttl_s`` are terminated (``idle.IdlePrograms``);
+    the event loop's lag is measured (``metrics.watch_loop_lag``).
     """
     limits = limits or GatewayLimits()
     guard = GuardMetrics(gateway.metrics.registry)
@@ -94,6 +95,7 @@ def create_app(
             asyncio.create_task(gateway.pool.poll_forever(poll_interval_s)),
             asyncio.create_task(gateway.pool.tick_forever()),
             asyncio.create_task(reap_forever(idle, gateway.programs, gateway.busy, guard.idle_ended.inc)),
+            asyncio.create_task(watch_loop_lag(gateway.metrics.loop_lag)),
         ]
         try:
             yield

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 # holds are bounded by seconds-scale options (rollyard's max_hold_s: 30), so finer steps there
 _HOLD_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 32, 35, 40, 50, 60, 120, 300, 600, 1800)
+_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LAG_INTERVAL_S = 0.1  # how often the loop-lag probe wakes (~10 us of CPU each time)
 
 
 class GatewayMetrics:
@@ -68,6 +73,13 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.loop_lag = Histogram(
+            "rollyard_gateway_loop_lag_seconds",
+            "How late a timer on the gateway's event loop fires: time every request waits for the loop",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+
         self._token_kinds = [self.tokens.labels(k) for k in ("prompt", "reused", "completion")]
         self._by_api: dict[str, tuple[Counter, Histogram]] = {}
 
@@ -86,3 +98,13 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+async def watch_loop_lag(lag: Histogram, interval_s: float = LAG_INTERVAL_S) -> None:
+    """Observe, forever, how much later than asked ``asyncio.sleep(interval_s)`` returns. Work
+    that holds the loop (a CPU-bound step, a blocking call) delays every request and ``/health``
+    by as much; this tells it apart from a slow engine or a loaded host."""
+    while True:
+        t = time.monotonic()
+        await asyncio.sleep(interval_s)
+        lag.observe(max(0.0, time.monotonic() - t - interval_s))
