@@ -51,6 +51,7 @@ _.rollyard_weights_digest  # unused method (src/rollyard/engines/vllm_worker_ext
 _.created_at  # unused attribute (src/rollyard/gateway/programs.py:120)
 _.set_phase  # unused method (src/rollyard/gateway/programs.py:132)
 _.finished_at  # unused attribute (src/rollyard/gateway/programs.py:143)
+_.checkpoints  # unused attribute (src/rollyard/gateway/recorder.py:81; read by tests)
 _.turn_count  # unused method (src/rollyard/gateway/recorder.py:231)
 new_message_ids  # unused variable (src/rollyard/gateway/renderer.py:103)
 create_program  # unused function (src/rollyard/gateway/routes_admin.py:41)
