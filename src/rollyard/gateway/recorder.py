@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -106,7 +107,8 @@ class SqliteJournal:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop to keep free (a script): here, as SQLite's own would
-            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            with self._lock, contextlib.suppress(sqlite3.Error):  # the commit stands regardless
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             return
         self._checkpointing = True
         loop.run_in_executor(self._checkpointer, self._checkpoint).add_done_callback(self._checkpoint_done)
