@@ -87,7 +87,10 @@ class SqliteJournal:
         self._ckpt_db: sqlite3.Connection | None = None  # opened and used on that thread only
 
     def close(self) -> None:
-        """Commit whatever is still queued (its waiters are gone with their loop), then close."""
+        """Commit whatever is still queued (its waiters are gone with their loop), then close.
+        Idempotent: an app's lifespan may be run (and closed) by more than one client."""
+        if self._closed:
+            return
         self._closed = True
         self._checkpointer.submit(self._close_checkpointer).result()  # after a running checkpoint
         self._checkpointer.shutdown()
