@@ -149,19 +149,19 @@ async def test_codex_trains_unmodified_on_an_engine_with_room_for_its_prompt(
 async def test_train_runs_under_the_rollyard_policy_with_pauses_restores_and_sandbox_hooks(
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
-    """``gateway.policy: rollyard`` in a train config: a large decode buffer makes the engine's
-    real KV capacity (from vLLM's cache_config_info) hold only two programs, so the third
-    waits; a hold bound shorter than any program (and a tick to match) forces it in at the
-    next tick whatever the machine's speed, and the over-full engine pauses a program, which
-    is restored later. Every program still finishes; sandboxes go on the gateway's terminate
-    hook, and a program that waits for a slot (3 at once) finds one prepared ahead
-    (``sandbox.ahead``)."""
+    """``gateway.policy: rollyard`` in a train config: ``kv_tokens`` caps the KV the policy plans
+    with (the engine's own, from vLLM's cache_config_info, is 16k) at 1,000 tokens, two of these
+    ~410-token programs, so the third waits; a hold bound shorter than any program (and a tick
+    to match) forces it in at the next tick whatever the machine's speed, and the over-full
+    engine pauses a program, which is restored later. Every program still finishes; sandboxes
+    go on the gateway's terminate hook, and a program that waits for a slot (3 at once) finds
+    one prepared ahead (``sandbox.ahead``)."""
     cfg = make_config(
         **{
             "run.steps": 1,
             "gateway.policy": "rollyard",
             "gateway.scheduling.tick_s": 0.05,
-            "gateway.scheduling.options": {"buffer_tokens": 6000, "max_hold_s": 0.1},
+            "gateway.scheduling.options": {"kv_tokens": 1000, "max_hold_s": 0.1},
             "sandbox.ahead": 1,
             "run.max_programs": 3,
         }

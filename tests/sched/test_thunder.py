@@ -188,3 +188,18 @@ def test_thunder_starves_a_long_program_behind_a_stream_of_short_ones() -> None:
 def test_rollyard_ages_the_long_program_to_the_front() -> None:
     waited = long_program_wait("rollyard")
     assert waited is not None and waited <= 15.0
+
+
+def test_kv_tokens_caps_the_capacity_the_policy_plans_with() -> None:
+    """An engine reporting 1000 tokens, planned at 700: the same contexts are over capacity."""
+    s, _ = thunder(("e", 1000), kv_tokens=700)
+    turn(s, "r0", "p0", 300)
+    turn(s, "r1", "p1", 300)
+    s.observe("p1", context_tokens=500)
+    assert s.tick() == [Pause("p0", "e")]  # 800 > 700, not > 1000
+    wide, _ = thunder(("e", 1000), kv_tokens=5000)  # a cap above the engine changes nothing
+    turn(wide, "r0", "p0", 600)
+    turn(wide, "r1", "p1", 300)
+    assert wide.tick() == []
+    wide.observe("p1", context_tokens=500)
+    assert wide.tick() == [Pause("p1", "e")]  # 1100 > 1000: the engine's own capacity holds

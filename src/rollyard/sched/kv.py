@@ -30,6 +30,15 @@ __all__ = ["KvBudget", "claims_by_engine", "counts_on", "reserve_tokens"]
 class KvBudget:
     buffer_tokens: int = 256  # per program, for the tokens it is about to decode
     acting_half_life_s: float = 0.0  # 0: acting programs count in full
+    # plan against at most this many KV tokens per engine (0: the engine's own capacity, from
+    # vLLM's cache_config_info): headroom on an engine that also serves other traffic
+    kv_tokens: int = 0
+
+    def capacity(self, e: EngineView) -> int:
+        """The KV tokens the policy may fill on ``e``; 0 while neither it nor the option is known."""
+        if self.kv_tokens and e.kv_capacity_tokens:
+            return min(self.kv_tokens, e.kv_capacity_tokens)
+        return self.kv_tokens or e.kv_capacity_tokens
 
     def reserve(self, p: ProgramView) -> int:
         return reserve_tokens(p, self.buffer_tokens)
@@ -64,9 +73,10 @@ class KvBudget:
 
     def room(self, state: SchedState, e: EngineView, now: float, decay: bool = False) -> float:
         """Free KV tokens on an engine; infinite while its capacity is not known yet."""
-        if not e.kv_capacity_tokens:
+        cap = self.capacity(e)
+        if not cap:
             return float("inf")
-        return e.kv_capacity_tokens - self.used(state, e.name, now, decay)
+        return cap - self.used(state, e.name, now, decay)
 
 
 def counts_on(p: ProgramView, running: set[tuple[str, str]]) -> bool:

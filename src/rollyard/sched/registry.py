@@ -33,7 +33,9 @@ Options = dict[str, Any]
 
 
 def _budget(o: Options) -> KvBudget:
-    return KvBudget(int(o.get("buffer_tokens", 256)), float(o.get("acting_half_life_s", 0.0)))
+    return KvBudget(
+        int(o.get("buffer_tokens", 256)), float(o.get("acting_half_life_s", 0.0)), int(o.get("kv_tokens", 0))
+    )
 
 
 def _thunder(o: Options) -> Admission:
@@ -85,6 +87,7 @@ PRESETS: dict[str, tuple[str, str, str, float | None]] = {
 }
 KNOWN_OPTIONS = {
     "buffer_tokens",
+    "kv_tokens",
     "acting_half_life_s",
     "max_hold_s",
     "age_s",

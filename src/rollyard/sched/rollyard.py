@@ -134,7 +134,7 @@ class AgingAdmission(ThunderAdmission):
         if p.engine in rooms and rooms[p.engine] >= need:
             return p.engine  # its prefix is cached there
         chosen = super().choose_engine(p, rooms, engines)
-        if chosen is None and all(need > e.kv_capacity_tokens > 0 for e in engines.values()):
+        if chosen is None and all(need > self.budget.capacity(e) > 0 for e in engines.values()):
             return max(rooms, key=lambda n: (rooms[n], n))  # fits nowhere ever: do not hold it for nothing
         return chosen
 

@@ -146,10 +146,11 @@ class ThunderAdmission:
             if (p.state is ProgramState.ACTIVE or p.id in restored) and p.id not in paused:
                 by_engine.setdefault(restored.get(p.id, p.engine), []).append(p)
         for name, e in healthy.items():
-            if not e.kv_capacity_tokens:
+            cap = self.budget.capacity(e)
+            if not cap:
                 continue
             mine = by_engine.get(name, [])
-            over = sum(self.budget.claim(p, now) for p in mine) - e.kv_capacity_tokens
+            over = sum(self.budget.claim(p, now) for p in mine) - cap
             for p in self.pause_order([p for p in mine if p.id not in restored], now):
                 if over <= 0:
                     break
