@@ -40,9 +40,6 @@ class KvBudget:
             return min(self.kv_tokens, e.kv_capacity_tokens)
         return self.kv_tokens or e.kv_capacity_tokens
 
-    def reserve(self, p: ProgramView) -> int:
-        return reserve_tokens(p, self.buffer_tokens)
-
     def claim(self, p: ProgramView, now: float, decay: bool = False) -> float:
         """KV tokens one program claims on its engine."""
         c = float(p.context_tokens)
@@ -53,7 +50,7 @@ class KvBudget:
             and p.acting_since is not None
         ):
             c *= 2.0 ** (-(now - p.acting_since) / self.acting_half_life_s)
-        return c + self.reserve(p)
+        return c + reserve_tokens(p, self.buffer_tokens)
 
     def used(self, state: SchedState, engine: str, now: float, decay: bool = False) -> float:
         """Tokens claimed on ``engine``: its active programs, plus paused ones still running there."""

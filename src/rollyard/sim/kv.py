@@ -57,13 +57,9 @@ class BlockPool:
         The last prompt token is always computed (it yields the first output), so at most
         ``(prompt - 1) // block_size`` full blocks are reused; the rest of the entry is dropped
         from the cache (its blocks are about to be overwritten by this request's own)."""
-        have = self._cached.pop(program, 0)
-        if not have:
-            return 0
-        take = max(0, min(have, max(0, prompt_tokens - 1) // self.block_size - skip_blocks))
-        self.cached -= have
-        self.used += take
-        return take * self.block_size
+        return (
+            self._take(program, max(0, prompt_tokens - 1) // self.block_size - skip_blocks) * self.block_size
+        )
 
     def shared_blocks(self, key: str) -> tuple[int, bool]:
         """(blocks of the group's prefix there are, whether they are referenced now)."""
@@ -77,13 +73,9 @@ class BlockPool:
         if g is not None:
             g[1] += 1
             return min(g[0], want)
-        have = self._cached.pop(_group(key), 0)
-        if not have:
-            return 0
-        take = min(have, want)
-        self.cached -= have
-        self.used += take
-        self._groups[key] = [take, 1]
+        take = self._take(_group(key), want)
+        if take:
+            self._groups[key] = [take, 1]
         return take
 
     def publish(self, key: str, blocks: int) -> bool:
@@ -102,11 +94,7 @@ class BlockPool:
             return
         del self._groups[key]
         self.used -= g[0]
-        gk = _group(key)
-        old = self._cached.pop(gk, 0)
-        keep = max(old, g[0])
-        self.cached += keep - old
-        self._cached[gk] = keep
+        self._keep(_group(key), g[0])
 
     def allocate(self, n: int) -> bool:
         """Reference ``n`` more blocks, evicting cached ones LRU-first; False if they do not fit."""
@@ -138,13 +126,25 @@ class BlockPool:
         in between are freed, not kept."""
         self.used -= held_blocks
         skip = max(0, entry_from - own_from)
-        keep = max(0, min(held_blocks - skip, computed_tokens // self.block_size - entry_from))
-        old = self._cached.pop(program, 0)
-        if old > keep:  # an older, longer prefix of the same program (another request) wins
-            keep = old
+        self._keep(program, max(0, min(held_blocks - skip, computed_tokens // self.block_size - entry_from)))
+
+    def _take(self, name: str, limit: int) -> int:
+        """Pop a cache entry and reference up to ``limit`` of its blocks (the rest are dropped:
+        about to be overwritten); returns the blocks taken."""
+        have = self._cached.pop(name, 0)
+        take = max(0, min(have, limit))
+        self.cached -= have
+        self.used += take
+        return take
+
+    def _keep(self, name: str, blocks: int) -> None:
+        """Cache ``blocks`` under ``name`` at the most recently used end; an older, longer entry
+        of the same name (another request's) wins."""
+        old = self._cached.pop(name, 0)
+        keep = max(old, blocks)
         self.cached += keep - old
         if keep:
-            self._cached[program] = keep  # most recently used end
+            self._cached[name] = keep
 
     def drop_all(self) -> None:
         """The engine died: nothing is referenced or cached any more."""
