@@ -3,8 +3,9 @@
 
 from rollyard.sim.engine import EngineRequest, SimEngine
 from rollyard.sim.kv import BlockPool
-from rollyard.sim.loop import SimResult, Simulation
+from rollyard.sim.loop import Simulation
 from rollyard.sim.profile import EngineProfile, load_profile, profile_names, save_profile
+from rollyard.sim.result import SimResult
 from rollyard.sim.workload import Workload, load_workload, workload_names
 
 __all__ = [

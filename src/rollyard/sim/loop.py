@@ -16,7 +16,7 @@ import itertools
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import FakeClock
@@ -25,10 +25,11 @@ from rollyard.rl.buffer import WindowedFifo
 from rollyard.sched import Move, Pause, Policy, Restore, Scheduler, Start
 from rollyard.sim.engine import EngineRequest, SimEngine
 from rollyard.sim.profile import EngineProfile
+from rollyard.sim.result import SimResult
 from rollyard.sim.stats import SimStats
 from rollyard.sim.workload import ProgramPlan, RLMode, Workload
 
-__all__ = ["SimResult", "Simulation"]
+__all__ = ["Simulation"]
 
 STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED, ARRIVE, KICK = range(9)
 STALL_S = 86400.0  # simulated time with only polls and ticks after which a run is declared stuck
@@ -45,17 +46,6 @@ class _Program:
     turn_out: int = 0  # tokens of the current turn generated so far (divided rollout: earlier chunks)
     chunk: int = 0
     ask: tuple[int, int] = (0, 0)  # the request in flight: (prompt tokens, max tokens)
-
-
-@dataclass
-class SimResult:
-    workload: str
-    policy: str
-    profile: str
-    engines: int
-    summary: dict[str, Any]
-    stats: SimStats
-    decisions: list[tuple[float, Any]] = field(default_factory=list)
 
 
 class Simulation:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rollyard.sim.loop import SimResult
+from rollyard.sim.result import SimResult
 
 __all__ = ["TABLE_KEYS", "write_report"]
 
