@@ -51,6 +51,7 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import loadavg, report
 from rollyard.core.net import free_port
 
@@ -191,11 +192,7 @@ async def _engine_counts(urls: list[str]) -> dict[str, float]:
 
 def _hold_p99(metrics_text: str) -> float:
     """Upper bound of the bucket holding the 99th percentile of ``rollyard_sched_hold_seconds``."""
-    buckets: list[tuple[float, float]] = []
-    for line in metrics_text.splitlines():
-        if line.startswith("rollyard_sched_hold_seconds_bucket"):
-            le = line.split('le="')[1].split('"')[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+    buckets = list(histogram_buckets(metrics_text, "rollyard_sched_hold_seconds").items())
     if not buckets or buckets[-1][1] == 0:
         return 0.0
     total = buckets[-1][1]

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import report
 from rollyard.bench.gateway import ADMIN, _engine, _gateway, _pct
 
@@ -89,12 +90,7 @@ def _gauges(url: str) -> dict[str, float]:
 def _lag_buckets(url: str) -> dict[float, float]:
     """The gateway's loop-lag histogram: upper bound -> cumulative count."""
     text = httpx.get(f"{url}/metrics", headers={"x-api-key": ADMIN}).text
-    prefix = 'rollyard_gateway_loop_lag_seconds_bucket{le="'
-    return {
-        float(ln[len(prefix) :].split('"', 1)[0]): float(ln.rsplit(" ", 1)[1])
-        for ln in text.splitlines()
-        if ln.startswith(prefix)
-    }
+    return histogram_buckets(text, "rollyard_gateway_loop_lag_seconds")
 
 
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
