@@ -114,11 +114,12 @@ def create_app(
     app.state.idle = idle
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
-    app.include_router(routes_meta.router)
-    app.include_router(routes_admin.router)
+    # Model routes first: the router tries routes in order, and they take nearly every request.
     for prefix in PREFIXES:
         shown = prefix == "/v1"
         for module in (routes_openai_chat, routes_openai_responses, routes_anthropic):
             app.include_router(module.router, prefix=prefix, include_in_schema=shown)
         app.include_router(routes_meta.model_router, prefix=prefix, include_in_schema=shown)
+    app.include_router(routes_meta.router)
+    app.include_router(routes_admin.router)
     return app

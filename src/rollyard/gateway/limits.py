@@ -67,12 +67,15 @@ class BodyLimit:
                 try:
                     declared = int(value)
                 except ValueError:
-                    declared = 0
+                    break  # unreadable: count what arrives
                 if declared > limit:
                     resp = error_response(scope["path"], 413, _too_large(limit), "request_too_large")
                     resp.headers["connection"] = "close"  # the unread body makes the connection unusable
                     await resp(scope, receive, send)
                     return
+                # The HTTP parser delivers no more than the declared length: nothing to count.
+                await self.app(scope, receive, send)
+                return
         seen = 0
 
         async def counted() -> Message:

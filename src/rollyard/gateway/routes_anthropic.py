@@ -25,12 +25,12 @@ from rollyard.gateway.bodies.anthropic import (
 )
 from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
-from rollyard.gateway.limits import StrictRoute
+from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
-router = APIRouter(route_class=StrictRoute)
+router = APIRouter(route_class=ModelRoute)
 
 
 def _user(blocks: list[Block], where: str) -> list[Message]:

@@ -14,9 +14,10 @@ from rollyard.core.program import Program
 from rollyard.gateway.bodies.common import Body, MaxTokens, Seed, Temperature, TopP
 from rollyard.gateway.edge import api_key, caller, gateway, not_on_sandbox_socket
 from rollyard.gateway.limits import StrictRoute
+from rollyard.gateway.model_route import ModelRoute
 
 router = APIRouter(route_class=StrictRoute)  # mounted at the root only
-model_router = APIRouter(route_class=StrictRoute)  # mounted under every API prefix
+model_router = APIRouter(route_class=ModelRoute)  # mounted under every API prefix
 
 
 @router.get("/health")

@@ -19,14 +19,14 @@ from rollyard.gateway.bodies.openai_chat import (
     ChatTool,
 )
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
-from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.logprobs import token_logprobs
+from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
-router = APIRouter(route_class=StrictRoute)
+router = APIRouter(route_class=ModelRoute)
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 

@@ -29,14 +29,14 @@ from rollyard.gateway.bodies.responses import (
     InputItem,
 )
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
-from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.logprobs import token_logprobs
+from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import event, primed, sse_response
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
-router = APIRouter(route_class=StrictRoute)
+router = APIRouter(route_class=ModelRoute)
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 LOGPROBS = "message.output_text.logprobs"
