@@ -20,6 +20,7 @@ import httpx
 from rollyard.core.errors import ConfigError
 from rollyard.core.tables import write_parquet
 from rollyard.gateway.app import build_gateway, create_app
+from rollyard.gateway.heap import tune_gc
 from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.settings import GatewayLimits
@@ -125,6 +126,7 @@ def serve(
         timeout_keep_alive=limits.keep_alive_s,
         timeout_graceful_shutdown=10,
     )
+    tune_gc(freeze=True)
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:

@@ -31,6 +31,7 @@ from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.app import build_gateway, create_app
+from rollyard.gateway.heap import tune_gc
 from rollyard.gateway.serve import bind_tcp, bind_unix_socket
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
@@ -252,6 +253,7 @@ async def start_gateway(
     if uds:
         socket_path = Path(tempfile.mkdtemp(prefix="ry-gw-", dir="/tmp")) / "gw.sock"
         sockets.append(bind_unix_socket(socket_path))
+    tune_gc(freeze=False)  # the run's process is shared with the trainer: no freeze
     server = QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=sockets))
     for _ in range(200):
