@@ -48,6 +48,9 @@ class ModelRoute(APIRoute):
         model = _body_model(endpoint)
         if model is None:
             return super().get_route_handler()
+        calls = [d.call for d in self.dependant.dependencies]
+        if calls != [caller]:  # the lean path runs `caller` and nothing else
+            raise TypeError(f"{endpoint.__name__}: a model endpoint depends on `caller` only, not {calls}")
 
         async def handle(request: Request) -> Response:
             raw = await request.body()
