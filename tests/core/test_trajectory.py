@@ -28,8 +28,15 @@ def test_turn_rejects_mismatched_logprobs() -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0.5])
 def test_turn_rejects_non_finite_or_positive_logprobs(bad: float) -> None:
-    with pytest.raises(ValueError, match="logprob"):
-        Turn(prompt_ids=[1], completion_ids=[2], completion_logprobs=[bad])
+    for lps in ([bad], [-0.1, bad], [bad, -0.1]):
+        with pytest.raises(ValueError, match=f"logprob {bad!r} is not a finite"):
+            Turn(prompt_ids=[1], completion_ids=[2] * len(lps), completion_logprobs=lps)
+
+
+def test_turn_rejects_negative_token_ids() -> None:
+    for prompt, completion in (([1, -2], [3]), ([1], [3, -1]), ([-1], [])):
+        with pytest.raises(ValueError, match="negative token id"):
+            Turn(prompt_ids=prompt, completion_ids=completion, completion_logprobs=[-0.5] * len(completion))
 
 
 def test_turn_rejects_empty_prompt_and_bad_mask() -> None:
