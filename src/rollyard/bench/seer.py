@@ -131,7 +131,8 @@ class StopAtLength:
 
 def timeline(draws: list[Draw], engines: list[str], wall: float) -> dict[str, Any]:
     """Where the time went: per engine its idle seconds (running nothing before the rollout
-    ended), time-averaged running requests, and a coarse running-count series (1 s steps)."""
+    ended), time-averaged running requests, and 1 s series of running requests and tokens/s
+    (together: the engine's throughput at each batch size, as the run met them)."""
     out: dict[str, Any] = {}
     for e in engines:
         edges = sorted(
@@ -151,7 +152,20 @@ def timeline(draws: list[Draw], engines: list[str], wall: float) -> dict[str, An
         idle += wall - last
         while len(series) < math.ceil(wall):
             series.append(running)
-        out[e] = {"idle_s": idle, "mean_running": area / wall if wall > 0 else 0.0, "running_1s": series}
+        made = [0.0] * len(series)  # tokens generated per 1 s, each call's spread evenly over it
+        for d in draws:
+            for n, s, t, k in d.calls:
+                if n != e or k == 0:
+                    continue
+                for b in range(int(s), min(len(made), math.ceil(t))):
+                    overlap = min(t, b + 1) - max(s, b)
+                    made[b] += k * overlap / (t - s) if t > s else 0.0
+        out[e] = {
+            "idle_s": idle,
+            "mean_running": area / wall if wall > 0 else 0.0,
+            "running_1s": series,
+            "tok_s_1s": [round(x) for x in made],
+        }
     return out
 
 
@@ -264,6 +278,7 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
                 print(f"seer round={r} variant={v} " + " ".join(f"{k}={x:.4g}" for k, x in shown.items()))
                 for e, line in res["timeline"].items():
                     print(f"  {e} running per 1 s: {line['running_1s']}")
+                    print(f"  {e} tokens/s per 1 s: {line['tok_s_1s']}")
     return results
 
 
@@ -274,7 +289,7 @@ def config(quick: bool = False) -> dict[str, Any]:
         "group_size": 4 if quick else 8,
         "rounds": 1 if quick else 3,
         "min_len": 16,
-        "max_len": 256 if quick else 1536,  # also every request's max_tokens
+        "max_len": 256 if quick else 1024,  # also every request's max_tokens
         "chunk": 64 if quick else 256,
         "capacity": 8 if quick else 64,
         "kv_tokens": 65536,
