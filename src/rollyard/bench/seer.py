@@ -2,7 +2,7 @@
 
 Workload (issue 13; the same in every variant of a round): ``groups`` GRPO groups of ``G``
 single-turn programs, each group with its own prompt. Output lengths are drawn: a group's
-longest is log-normal (clipped to ``[min_len, max_len]``: tens to ~1.5k tokens, a few groups
+longest is log-normal (clipped to ``[min_len, max_len]``: tens to ~1k tokens, a few groups
 far longer than the rest), its members spread ~10x below it, so siblings correlate the way
 Seer's estimate assumes; members are shuffled, so no submission order is length-sorted.
 
