@@ -134,6 +134,42 @@ def test_a_move_that_costs_more_re_prefill_than_allowed_waits_instead() -> None:
     assert [d.engine for d in s.dispatch()] == ["a"]
 
 
+def test_a_chunk_moves_to_balance_only_when_the_other_engine_runs_balance_fewer() -> None:
+    s, _ = seer(("a", 8), ("b", 8))
+    for pid in ("p", "q", "r"):
+        s.register(pid)
+        s.state.programs[pid].engine = "a"
+    s.submit("q0", "q")
+    s.submit("p0", "p", prompt_tokens=100, max_tokens=1024)
+    s.dispatch()
+    s.complete("p0", final=False)
+    # p's next chunk would run as a's 2nd request, b runs none: 2 - 0 >= balance (2)
+    s.submit("p1", "p", prompt_tokens=356, max_tokens=768, chunk=1)
+    move, start = s.dispatch()
+    assert isinstance(move, Move) and (move.src, move.dst, move.reason) == ("a", "b", "balance")
+    assert isinstance(start, Start) and start.engine == "b" and start.moved_from == "a"
+    # q's next chunk: a would run 1 (q alone), b runs 1 (p): no move
+    s.complete("q0", final=False)
+    s.submit("q1", "q", prompt_tokens=356, max_tokens=768, chunk=1)
+    assert [(type(d).__name__, d.engine) for d in s.dispatch()] == [("Start", "a")]
+    # a new request (not a chunk) stays where its program is, however uneven the engines
+    s.submit("r0", "r")
+    s.submit("r-other", "q")
+    assert all(isinstance(d, Start) and d.engine == "a" for d in s.dispatch())
+
+
+def test_a_larger_balance_keeps_chunks_home_longer() -> None:
+    s, _ = seer(("a", 8), ("b", 8), balance=3)
+    s.register("p")
+    s.state.programs["p"].engine = "a"
+    s.register("q")
+    s.state.programs["q"].engine = "a"
+    s.submit("q0", "q")
+    s.dispatch()
+    s.submit("p1", "p", prompt_tokens=300, max_tokens=768, chunk=1)  # a would run 2, b 0: 2 < 3
+    assert [d.engine for d in s.dispatch()] == ["a"]
+
+
 def test_group_bound_keeps_a_group_on_its_first_engine() -> None:
     clock = FakeClock()
     s = Scheduler(clock, make_policy("group_bound"))

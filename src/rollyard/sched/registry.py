@@ -63,7 +63,9 @@ ROUTERS: dict[str, Callable[[Options], Router]] = {
     "fewest_tokens": lambda o: FewestTokens(_budget(o)),
     "cost_aware": lambda o: CostAware(_budget(o), float(o.get("move_margin", 1.0))),
     "seer": lambda o: SeerRouter(
-        max_move_s=float(o.get("max_move_s", 2.0)), prefill_tok_s=float(o.get("prefill_tok_s", 2000.0))
+        max_move_s=float(o.get("max_move_s", 2.0)),
+        prefill_tok_s=float(o.get("prefill_tok_s", 2000.0)),
+        balance=int(o.get("balance", 2)),
     ),
     "group_bound": lambda o: GroupBound(),
 }
@@ -99,6 +101,7 @@ KNOWN_OPTIONS = {
     "max_move_s",
     "prefill_tok_s",
     "starve_s",
+    "balance",
 }
 
 

@@ -10,9 +10,11 @@ that online:
   has finished. The other requests are served longest-estimate first, so long generations start
   early instead of forming the tail. A starvation guard puts any request that waited more than
   ``starve_s`` ahead of everything (oldest first).
-- ``SeerRouter``: least-loaded placement by requests in flight; a request (typically the next
-  chunk of a divided one) whose engine is full moves to an engine with a free slot when the
-  re-prefill it pays there is cheap enough (``max_move_s``).
+- ``SeerRouter``: least-loaded placement by requests in flight; a request whose engine is full
+  moves to an engine with a free slot, and a divided request's next chunk moves to an engine
+  running at least ``balance`` fewer requests than its own (counting itself there), when the
+  re-prefill it pays there is cheap enough (``max_move_s``). With ``balance`` 2 a move never
+  leaves the destination busier than the source, so chunks do not ping-pong between engines.
 - ``GroupBound``: the group-bound baseline Seer compares against: a group's programs all run
   on the engine its first program was placed on, and never move.
 """
@@ -104,12 +106,13 @@ def _least_busy(engines: list[EngineView]) -> EngineView | None:
 
 
 class SeerRouter:
-    """Least busy placement; a request whose engine is full moves when its re-prefill is cheap."""
+    """Least busy placement; a request moves when its engine is full, or a divided request's
+    next chunk when another engine runs ``balance`` fewer requests, if its re-prefill is cheap."""
 
-    def __init__(self, max_move_s: float = 2.0, prefill_tok_s: float = 2000.0) -> None:
-        if max_move_s < 0 or prefill_tok_s <= 0:
-            raise ValueError("max_move_s must be >= 0 and prefill_tok_s > 0")
-        self.max_move_s, self.prefill_tok_s = max_move_s, prefill_tok_s
+    def __init__(self, max_move_s: float = 2.0, prefill_tok_s: float = 2000.0, balance: int = 2) -> None:
+        if max_move_s < 0 or prefill_tok_s <= 0 or balance < 1:
+            raise ValueError("max_move_s must be >= 0, prefill_tok_s > 0 and balance >= 1")
+        self.max_move_s, self.prefill_tok_s, self.balance = max_move_s, prefill_tok_s, balance
 
     def place(self, program: ProgramView, state: SchedState, now: float) -> str | None:
         best = _least_busy(state.healthy_engines())
@@ -121,12 +124,17 @@ class SeerRouter:
 
     def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:
         src = state.engines.get(program.engine or "")
-        if src is None or src.free > 0:
+        if src is None:
             return None
         dst = _least_busy([e for e in state.healthy_engines() if e.name != src.name])
         if dst is None or self.move_cost_s(request, dst) > self.max_move_s:
             return None
-        return Move(program.id, src.name, dst.name, reason="engine_full")
+        if src.free <= 0:
+            return Move(program.id, src.name, dst.name, reason="engine_full")
+        # a divided request's next chunk: it would run as one more of src's requests
+        if request.chunk > 0 and (src.in_flight + 1) - dst.in_flight >= self.balance:
+            return Move(program.id, src.name, dst.name, reason="balance")
+        return None
 
 
 class GroupBound:
