@@ -74,14 +74,18 @@ def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dic
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
             with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
-                return run_live(gw_url, engine_url, w.plans())
+                return run_live(gw_url, engine_url, w.plans(), up_at=time.perf_counter())
 
         out["warmup"] = live(policies[0]).summary()
         for r in range(rounds):
             for name in policies[r % len(policies) :] + policies[: r % len(policies)]:
                 load = loadavg()
                 run = live(name)
-                sim = Simulation(w, make_policy(name), profile, plans=run.plans).run().summary
+                sim = (
+                    Simulation(w, make_policy(name), profile, plans=run.plans, shell_up_s=run.shell_up_s)
+                    .run()
+                    .summary
+                )
                 runs[name].append({"live": run.summary(), "sim": {k: sim[k] for k in KEYS}, "loadavg": load})
     for name, rows in runs.items():
         lv, sm = _median([r["live"] for r in rows]), _median([r["sim"] for r in rows])
