@@ -26,7 +26,7 @@ def test_the_pressure_workload_oversubscribes_the_kv_cache_and_separates_the_pol
     assert runs["thunder"].summary["pauses"] > 0 and runs["rollyard"].summary["pauses"] > 0
     thr = {n: r.summary["output_tok_s"] for n, r in runs.items()}
     gaps = sorted(abs(thr[a] - thr[b]) / max(thr[a], thr[b]) for a in thr for b in thr if a < b)
-    assert gaps[0] > 0.05  # each pair of policies apart by more than a live run's noise
+    assert gaps[0] > 0.05  # with the committed (quiet-machine) profile, each pair > 5% apart
 
 
 def test_rank_ok_compares_the_order_of_throughputs() -> None:

@@ -10,7 +10,7 @@ sleeps) is replayed in the simulator with the calibrated ``cpu-tiny`` profile an
 policy. Reported: the relative error of the medians of simulated vs live throughput and
 p50/p99 request latency, and whether the simulator ranks the policies by throughput as the live runs do.
 The same three rounds then run ``cpu-pressure`` (48 programs whose running contexts exceed the
-KV cache, where the policies differ by more than a run's noise): ``*_pressure`` in the summary.
+KV cache, where the policies can differ by more than a run's noise): ``*_pressure`` in the summary.
 
 Scale: the ``swe`` workload (64 engines x 2,000 programs, published-spec H100 profile) under
 FIFO and under "ours" (the best scheduling preset on this branch other than fifo), the wall
