@@ -58,6 +58,7 @@ class LiveRun:
             "pauses": self.pauses,
             "restores": self.restores,
             "hold_s_total": self.hold_s_total,
+            "shell_up_s": self.shell_up_s,
         }
 
 
