@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollyard.sim.calibrate import fit
+from rollyard.core.sampling import SamplingParams
+from rollyard.engines.vllm import VLLMBackend
+from rollyard.sim.calibrate import fit, request_body
 
 
 def test_fit_recovers_the_step_model_it_was_given() -> None:
@@ -26,3 +28,17 @@ def test_a_term_the_timings_contradict_is_dropped_not_negative() -> None:
     got = fit(decode, prefill)
     assert min(v for k, v in got.items() if k != "max_rel_err") >= 0.0
     assert got["per_token_s"] == pytest.approx(1e-4, rel=1e-3)
+
+
+async def test_timing_requests_have_the_gateways_shape() -> None:
+    # temperature 1 and the chosen token's logprob, as the gateway forwards a program's turn:
+    # a greedy request without logprobs skips the sampler's work and times a faster engine
+    backend = VLLMBackend("http://127.0.0.1:1", model="tiny", max_model_len=2048)
+    try:
+        gateway = await backend.completion_body([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    finally:
+        await backend.aclose()
+    ours = request_body("tiny", [5, 6, 7], 4)
+    assert ours.pop("min_tokens") == 4
+    assert ours == gateway
+    assert ours["temperature"] == 1.0 and ours["logprobs"] == 0

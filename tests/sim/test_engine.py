@@ -62,6 +62,21 @@ def test_the_last_admitted_request_is_preempted_and_recomputed_from_the_prefix_c
     assert (a.first_token_at, b.first_token_at) == (1.0, 1.0)
 
 
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    # vLLM's full-sequence admission gate (scheduler_reserve_full_isl, on by default). 5 blocks
+    # of 4 tokens, 8 tokens a step, every step 1 s. A: 8-token prompt, 4 outputs; B: 12-token
+    # prompt, 1 output. t0-1 A prefills (2 blocks); at t1 A's 9th token takes a 3rd block, 2
+    # are free: B's first chunk (7 tokens, 2 blocks) would fit, its whole prompt (3) does not,
+    # so B waits (admitting the chunk would preempt B at t2, its 12th token finding no block).
+    # t1-4 A decodes alone and ends; t4-5 B prefills 8 tokens, t5-6 the last 4 and its token.
+    e = SimEngine("e", profile(max_batched_tokens=8))
+    a = EngineRequest("a", "pa", 8, 4, 0.0)
+    b = EngineRequest("b", "pb", 12, 1, 0.0)
+    assert drive(e, [(0.0, a), (0.0, b)]) == 6.0
+    assert (a.finished_at, b.first_token_at, b.finished_at) == (4.0, 6.0, 6.0)
+    assert e.preemptions == 0 and e.recomputed_tokens == 0
+
+
 def test_a_later_turn_reuses_its_programs_cached_prefix() -> None:
     e = SimEngine("e", profile(num_blocks=20))
     first = EngineRequest("t1", "p", 10, 3, 0.0)

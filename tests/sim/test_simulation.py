@@ -140,6 +140,37 @@ def test_thunder_pauses_and_restores_in_the_simulator_as_its_unit_test_says() ->
     assert len(ticks) == 2 and r.summary["pauses"] == 1
 
 
+def test_a_replay_follows_the_live_clock_tick_phase_and_program_starts() -> None:
+    # The three programs above, replayed as a live trace: the gateway had been up 3.5 s when
+    # the run began, so it had polled the idle engine (t=0 knows it) and polls every 2 s from
+    # then (0.5, 2.5, ...), and its 5 s ticks fall at 1.5, 6.5, ... of the run: at 1.5 "big"
+    # has not grown yet, so "small" is paused at 6.5 and restored at 21.5 (not 5 and 25).
+    from rollyard.sched import Pause, Restore
+    from rollyard.sim.workload import ProgramPlan, Turn
+
+    prof = PROFILE.model_copy(update={"num_blocks": 64, "max_model_len": 1024})
+    plans = [
+        ProgramPlan("small", "small", 1, [Turn(200, 10, 20.0, 0), Turn(210, 10, 0.0, 0)]),
+        ProgramPlan("mid", "mid", 1, [Turn(300, 10, 20.0, 0), Turn(310, 10, 0.0, 0)]),
+        ProgramPlan(
+            "big", "big", 1, [Turn(400, 10, 2.0, 200), Turn(610, 10, 20.0, 0), Turn(620, 10, 0.0, 0)]
+        ),
+    ]
+    w = workload(programs=3, group_size=1, engines=1, max_context=1024)
+    policy = make_policy("thunder", buffer_tokens=0)
+    r = Simulation(w, policy, prof, plans=plans, record=True, shell_up_s=3.5).run()
+    ticks = [(t, d) for t, d in r.decisions if isinstance(d, Pause | Restore)]
+    assert ticks[0] == (6.5, Pause("small", "e0"))
+    assert ticks[1][0] == 21.5 and isinstance(ticks[1][1], Restore) and len(ticks) == 2
+    assert [t for t, d in r.decisions if isinstance(d, Start)][:3] == [0.0, 0.0, 0.0]
+    assert [t for t, *_ in r.stats.series][:4] == [0.0, 0.5, 2.5, 4.5]
+    # a program's first request goes out when the trace says it did
+    late = [ProgramPlan("late", "late", 1, [Turn(16, 2, 0.0, 0)], start_s=3.0)]
+    one = workload(programs=1, group_size=1, engines=1)
+    r = Simulation(one, make_policy("fifo"), PROFILE, plans=late, record=True, shell_up_s=3.5).run()
+    assert [t for t, d in r.decisions if isinstance(d, Start)] == [3.0]
+
+
 def test_divided_rollout_runs_a_turn_as_chunks_that_keep_the_program_reasoning() -> None:
     w = workload(programs=4, group_size=4, engines=2, divide_tokens=16, output_tokens={"value": 50})
     r = Simulation(w, make_policy("seer"), PROFILE, record=True).run()

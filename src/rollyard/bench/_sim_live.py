@@ -9,6 +9,11 @@ tool-result message of about the plan's tool size; it finishes through
 ``POST /programs/{id}/finish`` (the scheduler forgets it). The token counts the gateway reports
 (``usage``) are what the trace keeps, so the simulated replay sees the prompt and output sizes
 the engine really processed, even where a text's token count differed from the plan.
+
+The trace follows the live clock, not the plan's: each program's first request at the time it
+was sent, each tool gap as measured from an answer to the next request (the sleep, plus the
+client's own work on a loaded machine), and how long the gateway had been up when the run
+started (its engine polls and policy ticks run on that phase).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class LiveRun:
     pauses: int = 0  # the gateway's scheduler (rollyard_sched_pauses_total over the run)
     restores: int = 0
     hold_s_total: float = 0.0  # rollyard_sched_hold_seconds_sum: the restored programs' holds
+    shell_up_s: float = 0.0  # how long the gateway had been up when the run started
 
     def summary(self) -> dict[str, Any]:
         from rollyard.sim.stats import quantile
@@ -52,6 +58,7 @@ class LiveRun:
             "pauses": self.pauses,
             "restores": self.restores,
             "hold_s_total": self.hold_s_total,
+            "shell_up_s": self.shell_up_s,
         }
 
 
@@ -89,7 +96,8 @@ async def _counters(client: httpx.AsyncClient, url: str, engine_url: str) -> tup
 
 async def _program(
     client: httpx.AsyncClient, url: str, plan: ProgramPlan, t0: float, out: LiveRun, turns: list[Turn]
-) -> None:
+) -> float:
+    """Play one plan; returns when its first request was sent (after ``t0``)."""
     r = await client.post(
         f"{url}/programs",
         json={
@@ -103,10 +111,12 @@ async def _program(
     prog = r.json()
     key = {"authorization": f"Bearer {prog['api_key']}"}
     messages: list[dict[str, Any]] = [{"role": "user", "content": _task(plan)}]
-    last_context = 0
+    last_context, first, last_done = 0, 0.0, 0.0
     for i, turn in enumerate(plan.turns):
         body = {"model": "tiny", "messages": messages, "max_tokens": turn.output_tokens, "temperature": 1.0}
         sent = time.perf_counter()
+        if i == 0:
+            first = sent - t0
         r = await client.post(f"{url}/v1/chat/completions", json=body, headers=key)
         r.raise_for_status()
         done = time.perf_counter()
@@ -114,37 +124,46 @@ async def _program(
         usage = doc["usage"]
         out.request_latency.append(done - sent)
         out.output_tokens += usage["completion_tokens"]
-        if turns:  # the tool tokens of the previous turn: what this prompt added beyond it
+        if turns:  # the previous turn's tool: what this prompt added, and the gap as it was live
             prev = turns[-1]
             added = usage["prompt_tokens"] - last_context
-            turns[-1] = Turn(prev.prompt_tokens, prev.output_tokens, prev.tool_s, max(0, added))
-        turns.append(Turn(usage["prompt_tokens"], usage["completion_tokens"], turn.tool_s, 0))
+            turns[-1] = Turn(prev.prompt_tokens, prev.output_tokens, sent - last_done, max(0, added))
+        turns.append(Turn(usage["prompt_tokens"], usage["completion_tokens"], 0.0, 0))
+        last_done = done
         last_context = usage["prompt_tokens"] + usage["completion_tokens"]
         if i + 1 < len(plan.turns):
             messages.append({"role": "assistant", "content": doc["choices"][0]["message"]["content"] or ""})
             messages.append({"role": "user", "content": _text(turn.tool_tokens, i + 1)})
             await asyncio.sleep(turn.tool_s)
     await client.post(f"{url}/programs/{prog['id']}/finish", json={}, headers={"x-api-key": ADMIN})
+    return first
 
 
-async def _run(url: str, engine_url: str, plans: list[ProgramPlan]) -> LiveRun:
+async def _run(url: str, engine_url: str, plans: list[ProgramPlan], up_at: float | None) -> LiveRun:
     limits = httpx.Limits(max_connections=len(plans) + 8, max_keepalive_connections=len(plans) + 8)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
         before = await _counters(client, url, engine_url)
         out = LiveRun([])
         traces: list[list[Turn]] = [[] for _ in plans]
         t0 = time.perf_counter()
-        await asyncio.gather(*(_program(client, url, p, t0, out, traces[i]) for i, p in enumerate(plans)))
+        out.shell_up_s = t0 - up_at if up_at is not None else 0.0
+        starts = await asyncio.gather(
+            *(_program(client, url, p, t0, out, traces[i]) for i, p in enumerate(plans))
+        )
         out.makespan_s = time.perf_counter() - t0
         after = await _counters(client, url, engine_url)
         preempt, pauses, restores, out.hold_s_total = (a - b for a, b in zip(after, before, strict=True))
         out.preemptions, out.pauses, out.restores = int(preempt), int(pauses), int(restores)
         out.plans = [
-            ProgramPlan(p.id, p.group_id, p.group_size, t) for p, t in zip(plans, traces, strict=True)
+            ProgramPlan(p.id, p.group_id, p.group_size, t, s)
+            for p, t, s in zip(plans, traces, starts, strict=True)
         ]
         return out
 
 
-def run_live(gateway_url: str, engine_url: str, plans: list[ProgramPlan]) -> LiveRun:
-    """Play every plan at once against the gateway; returns the trace and what was measured."""
-    return asyncio.run(_run(gateway_url, engine_url, plans))
+def run_live(
+    gateway_url: str, engine_url: str, plans: list[ProgramPlan], up_at: float | None = None
+) -> LiveRun:
+    """Play every plan at once against the gateway; returns the trace and what was measured.
+    ``up_at``: ``time.perf_counter()`` when the gateway came up (its /health first answered)."""
+    return asyncio.run(_run(gateway_url, engine_url, plans, up_at))

@@ -9,6 +9,8 @@ policy, on one engine; each live run's trace (the token counts the gateway repor
 sleeps) is replayed in the simulator with the calibrated ``cpu-tiny`` profile and the same
 policy. Reported: the relative error of the medians of simulated vs live throughput and
 p50/p99 request latency, and whether the simulator ranks the policies by throughput as the live runs do.
+The same three rounds then run ``cpu-pressure`` (48 programs whose running contexts exceed the
+KV cache, where the policies can differ by more than a run's noise): ``*_pressure`` in the summary.
 
 Scale: the ``swe`` workload (64 engines x 2,000 programs, published-spec H100 profile) under
 FIFO and under "ours" (the best scheduling preset on this branch other than fifo), the wall
@@ -32,6 +34,7 @@ from rollyard.bench.gateway import _engine, _gateway
 from rollyard.sched import make_policy, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
 from rollyard.sim.report import write_report
+from rollyard.sim.workload import Workload
 
 KEYS = ("output_tok_s", "makespan_s", "req_p50_s", "req_p99_s", "preemptions", "pauses", "hold_s_total")
 PREFERRED = ("rollyard", "thunder", "seer")  # "ours": the first of these the registry has
@@ -50,39 +53,9 @@ def _median(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
-def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dict[str, Any]:
-    """Calibrate the engine (under the load the live runs will see), warm it with one unmeasured
-    live run, then ``rounds`` rounds with the policies in rotated order: per policy and round a
-    live run and the simulated replay of its trace; errors compare the medians.
-
-    The warm-up matters: the first live run after calibration met shapes the engine had not run
-    yet and was 1.3-3x slower than the same policy run later (2026-12-01, quiet machine), so a
-    single pass charged that to whichever policy ran first."""
-    from rollyard.sim.calibrate import calibrate
-
-    rounds = rounds or (1 if quick else 3)
-    w = load_workload("cpu-small", programs=16 if quick else None)
-    out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump(), "rounds": rounds}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
-    with _engine(startup_timeout_s=900) as (engine_url, model_dir):
-        path = RESULTS_DIR / "sim-cpu-tiny.yaml"
-        out["calibrate_loadavg"] = loadavg()
-        profile = calibrate(engine_url, name="cpu-tiny", path=path, quick=True)
-        out["profile"] = profile.model_dump()
-
-        def live(name: str) -> Any:
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
-            with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
-                return run_live(gw_url, engine_url, w.plans())
-
-        out["warmup"] = live(policies[0]).summary()
-        for r in range(rounds):
-            for name in policies[r % len(policies) :] + policies[: r % len(policies)]:
-                load = loadavg()
-                run = live(name)
-                sim = Simulation(w, make_policy(name), profile, plans=run.plans).run().summary
-                runs[name].append({"live": run.summary(), "sim": {k: sim[k] for k in KEYS}, "loadavg": load})
+def _compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per policy: the medians of its rounds, live and simulated, and the relative errors."""
+    out: dict[str, Any] = {}
     for name, rows in runs.items():
         lv, sm = _median([r["live"] for r in rows]), _median([r["sim"] for r in rows])
         out[name] = {
@@ -93,6 +66,60 @@ def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dic
             "err_p99": _err(sm["req_p99_s"], lv["req_p99_s"]),
             "rounds": rows,
         }
+    return out
+
+
+def rank_ok(val: dict[str, Any], policies: list[str]) -> int:
+    """1 when the simulator orders the policies by throughput as the live runs do."""
+    live = {p: val[p]["live"]["output_tok_s"] for p in policies}
+    sim = {p: val[p]["sim"]["output_tok_s"] for p in policies}
+    return int(sorted(policies, key=live.__getitem__) == sorted(policies, key=sim.__getitem__))
+
+
+def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dict[str, Any]:
+    """Calibrate the engine (under the load the live runs will see), warm it with one unmeasured
+    live run, then ``rounds`` rounds with the policies in rotated order: per policy and round a
+    live run and the simulated replay of its trace; errors compare the medians. Then the same
+    for ``cpu-pressure`` (``out["pressure"]``), whose running contexts exceed the KV cache.
+
+    The warm-up matters: the first live run after calibration met shapes the engine had not run
+    yet and was 1.3-3x slower than the same policy run later (2026-12-01, quiet machine), so a
+    single pass charged that to whichever policy ran first."""
+    from rollyard.sim.calibrate import calibrate
+
+    rounds = rounds or (1 if quick else 3)
+    w = load_workload("cpu-small", programs=16 if quick else None)
+    out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump(), "rounds": rounds}
+    with _engine(startup_timeout_s=900) as (engine_url, model_dir):
+        path = RESULTS_DIR / "sim-cpu-tiny.yaml"
+        out["calibrate_loadavg"] = loadavg()
+        profile = calibrate(engine_url, name="cpu-tiny", path=path, quick=True)
+        out["profile"] = profile.model_dump()
+
+        def live(w: Workload, name: str) -> Any:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
+            with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
+                return run_live(gw_url, engine_url, w.plans(), up_at=time.perf_counter())
+
+        def play(w: Workload) -> dict[str, Any]:
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
+            for r in range(rounds):
+                for name in policies[r % len(policies) :] + policies[: r % len(policies)]:
+                    load = loadavg()
+                    run = live(w, name)
+                    replay = Simulation(
+                        w, make_policy(name), profile, plans=run.plans, shell_up_s=run.shell_up_s
+                    )
+                    sim = replay.run().summary
+                    runs[name].append(
+                        {"live": run.summary(), "sim": {k: sim[k] for k in KEYS}, "loadavg": load}
+                    )
+            return _compare(runs)
+
+        out["warmup"] = live(w, policies[0]).summary()
+        out.update(play(w))
+        out["pressure"] = play(load_workload("cpu-pressure", programs=24 if quick else None))
     return out
 
 
@@ -116,13 +143,10 @@ def main(quick: bool = False) -> dict[str, Any]:
     policies = list(dict.fromkeys(["fifo", best, "thunder"]))
     val = validate(policies, quick)
     big = scale(quick, list(dict.fromkeys(["fifo", best])))
-    thr_live = {p: val[p]["live"]["output_tok_s"] for p in policies}  # rank over all policies run
-    thr_sim = {p: val[p]["sim"]["output_tok_s"] for p in policies}
-    rank_ok = int(sorted(policies, key=thr_live.__getitem__) == sorted(policies, key=thr_sim.__getitem__))
     summary = {
         "err_thr_fifo": val["fifo"]["err_thr"],
         "err_thr_ours": val[best]["err_thr"],
-        "rank_ok": rank_ok,
+        "rank_ok": rank_ok(val, policies),
         "sim_s_64x2000": big["fifo"]["wall_s"],
         "sim_cpu_s_64x2000": big["fifo"]["cpu_s"],
         "speedup_ours_64": big[best]["output_tok_s"] / big["fifo"]["output_tok_s"],
@@ -130,6 +154,9 @@ def main(quick: bool = False) -> dict[str, Any]:
         "err_p99_fifo": val["fifo"]["err_p99"],
         "err_p50_ours": val[best]["err_p50"],
         "err_p99_ours": val[best]["err_p99"],
+        "err_thr_fifo_pressure": val["pressure"]["fifo"]["err_thr"],
+        "err_thr_ours_pressure": val["pressure"][best]["err_thr"],
+        "rank_ok_pressure": rank_ok(val["pressure"], policies),
     }
     details = {"ours": best, "policies": policies, "quick": quick, "validation": val, "scale": big}
     if len(policies) == 1:

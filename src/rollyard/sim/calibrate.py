@@ -1,7 +1,8 @@
 """``rollyard sim calibrate --engine URL``: fit an engine profile to a running vLLM.
 
 Decode cost: B concurrent requests with random L-token prompts are run twice, to M1 and to
-M2 output tokens (``ignore_eos``, fresh prompts each time so the prefix cache never helps);
+M2 output tokens (``ignore_eos``, fresh prompts each time so the prefix cache never helps;
+sampled at temperature 1 with logprobs, as the gateway asks: ``GATEWAY_SAMPLING``);
 (T(M2) - T(M1)) / (M2 - M1) is one decode step at batch B and context ~L. Prefill cost: one
 request of L tokens and one output token. Least squares fits the step model of
 ``EngineProfile`` and its per-request cost (``request_s``: HTTP and admission, which only the
@@ -25,7 +26,7 @@ import numpy as np
 from rollyard.core.errors import ConfigError, EngineUnavailable
 from rollyard.sim.profile import EngineProfile, save_profile
 
-__all__ = ["calibrate", "fit"]
+__all__ = ["GATEWAY_SAMPLING", "calibrate", "fit", "request_body"]
 
 
 async def _info(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -43,6 +44,27 @@ async def _info(client: httpx.AsyncClient) -> dict[str, Any]:
     }
 
 
+# What the gateway sends vLLM for a program's turn (``VLLMBackend.completion_body`` with the
+# default sampling at temperature 1, as RL rollouts run): sampled, with the chosen token's
+# logprob and token ids returned. Greedy decoding without logprobs, what calibration used to
+# ask for, skips the sampler's softmax over the vocabulary, a large share of a tiny model's
+# step on a CPU, so its profile was too fast for the live runs it was meant to predict.
+GATEWAY_SAMPLING: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "logprobs": 0,
+    "return_token_ids": True,
+    "skip_special_tokens": False,
+}
+
+
+def request_body(model: str, prompt: list[int], out: int) -> dict[str, Any]:
+    """A timing request: the gateway's shape, exactly ``out`` output tokens."""
+    return {"model": model, "prompt": prompt, "max_tokens": out, "min_tokens": out, "ignore_eos": True,
+            "stream": False, **GATEWAY_SAMPLING}  # fmt: skip
+
+
 async def _batch(
     client: httpx.AsyncClient, model: str, rng: random.Random, b: int, length: int, out: int
 ) -> float:
@@ -50,9 +72,7 @@ async def _batch(
 
     async def one() -> None:
         prompt = [rng.randrange(10, 1000) for _ in range(length)]
-        body = {"model": model, "prompt": prompt, "max_tokens": out, "min_tokens": out, "ignore_eos": True,
-                "temperature": 0.0}  # fmt: skip
-        r = await client.post("/v1/completions", json=body)
+        r = await client.post("/v1/completions", json=request_body(model, prompt, out))
         r.raise_for_status()
         got = r.json()["usage"]["completion_tokens"]
         if got != out:

@@ -6,9 +6,12 @@ next chunk of an unfinished prefill), within a token budget; a running request t
 get a new KV block preempts the most recently admitted running request (which frees all its
 blocks and goes back to the front of the waiting queue, to be recomputed later: its prompt
 and the tokens it had generated are prefilled again, from the prefix cache where the blocks
-were not yet evicted); then, if nothing was preempted, waiting requests in order while their
-blocks fit. A request of a GRPO group (``shared_key``) references its group's task-prompt
-blocks instead of computing them when a member already has (``BlockPool.share``). Runs of
+were not yet evicted); then, if nothing was preempted, waiting requests in order while the
+blocks for their whole sequence fit (vLLM's ``scheduler_reserve_full_isl``, on by default:
+a request is admitted only when its whole prompt, or on recompute its prompt and output so
+far, fits the free blocks, though only the first chunk's blocks are taken at once). A
+request of a GRPO group (``shared_key``) references its group's task-prompt blocks instead
+of computing them when a member already has (``BlockPool.share``). Runs of
 pure decode steps in which nothing can change (no request finishes, none needs a block that
 is not there, none is waiting that could be admitted) are taken as one event of k steps; an
 arrival cuts such a run short at the step under way, so the result is the same as stepping
@@ -230,15 +233,14 @@ class SimEngine:
         return lo
 
     def _admissible(self, r: EngineRequest) -> bool:
-        """Would the waiting head get the blocks for its first chunk now?"""
+        """Would the waiting head be admitted now: do the blocks for its whole sequence fit?"""
         kv, bs, want = self.kv, self.kv.block_size, self._want(r)
         have, in_use = kv.shared_blocks(r.shared_key) if r.shared_key is not None and want else (0, False)
         shared = min(have, want)
         own = min(kv.cached_for(r.program_id), max(0, (r.target - 1) // bs - want)) if shared == want else 0
         hit = shared + own
         taken = own + (0 if in_use else shared)  # cached blocks it would take out of the free pool
-        chunk = min(r.target - hit * bs, max(1, self.profile.max_batched_tokens - len(self.running)))
-        return kv.blocks_for(hit * bs + chunk) - hit <= kv.available - taken
+        return kv.blocks_for(r.target) - hit <= kv.available - taken
 
     def _cut(self, now: float) -> float | None:
         """Shorten the decode run under way to the step in progress at ``now``."""
@@ -285,7 +287,8 @@ class SimEngine:
                 self.hit_tokens += hit
             ntok = min(r.target - r.computed, budget)
             need = kv.blocks_for(r.computed + ntok) - r.blocks - r.shared
-            if not kv.allocate(need):
+            whole = kv.blocks_for(r.target) - r.blocks - r.shared  # vLLM's full-sequence gate
+            if whole > kv.available or not kv.allocate(need):
                 self.hit_tokens -= r.computed  # the hit is given back with the blocks
                 r.cached_tokens -= r.computed
                 self._release(r)

@@ -57,14 +57,22 @@ class Simulation:
         *,
         record: bool = False,
         plans: list[ProgramPlan] | None = None,
+        shell_up_s: float = 0.0,
     ) -> None:
-        """``plans`` replaces the workload's drawn programs (a trace recorded from a live run)."""
+        """``plans`` replaces the workload's drawn programs (a trace recorded from a live run).
+
+        ``shell_up_s``: how long the gateway had been up when the run started (a live trace's).
+        The gateway polls its engines from the moment it is up and ticks the policy every
+        ``tick_s`` after that, so a replay puts its first poll and tick where the live ones
+        fell: with thunder's 5 s tick, a phase off by a few seconds decides which of a 12 s
+        run's two ticks see the engine over capacity."""
         if workload.max_context > profile.max_model_len:
             raise ConfigError(
                 f"workload max_context {workload.max_context} exceeds the profile's max_model_len "
                 f"{profile.max_model_len}"
             )
         self.workload, self.policy, self.profile = workload, policy, profile
+        self.shell_up_s = shell_up_s
         self.clock = FakeClock()
         self.sched = Scheduler(self.clock, policy)
         self.engines: dict[str, SimEngine] = {}
@@ -103,8 +111,9 @@ class Simulation:
         wall = time.perf_counter()
         self._launch()
         if self.policy.tick_s:
-            self._at(self.policy.tick_s, TICK)
-        self._at(0.0, POLL)
+            self._at(self._phase(self.policy.tick_s, first=1), TICK)
+        first_poll = self._phase(self.workload.poll_s, first=0)  # and one at 0: what it saw last
+        self._at(0.0, POLL, first_poll if first_poll > 0 else None)
         for f in self.workload.failures:
             self._at(f.at_s, FAIL, f"e{f.engine}", f.down_s)
         events, progress = 0, 0.0
@@ -125,7 +134,7 @@ class Simulation:
             elif kind == TICK:
                 self._on_tick()
             elif kind == POLL:
-                self._on_poll()
+                self._on_poll(a)
             elif kind == FAIL:
                 self._on_fail(a, b)
             elif kind == RECOVER:
@@ -155,6 +164,12 @@ class Simulation:
             self.decisions,
         )
 
+    def _phase(self, period: float, first: int) -> float:
+        """The first of the shell's periodic events (at up + ``period`` x k, k >= ``first``)
+        that falls at or after the run's start, on the run's clock."""
+        k = max(first, math.ceil(self.shell_up_s / period - 1e-9))
+        return k * period - self.shell_up_s
+
     # ---- programs ----------------------------------------------------------------------------
     def _launch(self) -> None:
         """Start groups: while the concurrency allows (serving, async RL), or a step's worth (sync)."""
@@ -181,7 +196,10 @@ class Simulation:
                 self.buffer.submit(
                     plan.id, group_id=plan.group_id, group_size=plan.group_size, policy_version=self._version
                 )
-            self._submit(plan.id)
+            if plan.start_s > now:  # a live trace's program whose first request came later
+                self._at(plan.start_s, SUBMIT, plan.id)
+            else:
+                self._submit(plan.id)
 
     def _submit(self, pid: str) -> None:
         """Submit the program's next request: its turn, or under divided rollout (``divide_tokens``,
@@ -344,7 +362,7 @@ class Simulation:
             elif isinstance(d, Restore):
                 self.stats.hold_s.append(d.held_s)
 
-    def _on_poll(self) -> None:
+    def _on_poll(self, next_at: float | None = None) -> None:
         now = self.clock.now()
         usages = []
         for name, e in self.engines.items():
@@ -358,7 +376,7 @@ class Simulation:
         self.stats.series.append(
             (now, mean, max(usages, default=0.0), self._live - paused, paused, self.stats.output_tokens)
         )
-        self._at(now + self.workload.poll_s, POLL)
+        self._at(next_at if next_at is not None else now + self.workload.poll_s, POLL)
 
     def _prefill_rate(self, e: SimEngine) -> float | None:
         """Prefill tokens/s since the last poll, smoothed as ``EnginePool._prefill_rate`` does."""

@@ -161,6 +161,7 @@ class ProgramPlan:
     group_id: str
     group_size: int
     turns: list[Turn]
+    start_s: float = 0.0  # its first request, after the run's start (a live trace's; drawn plans: 0)
 
 
 def workload_names() -> list[str]:

@@ -1,0 +1,40 @@
+"""``rollyard bench sim``'s pieces that need no engine: the pressure workload really presses
+on the KV cache, and the ranking check."""
+
+from __future__ import annotations
+
+from rollyard.bench.sim import rank_ok
+from rollyard.sched import make_policy
+from rollyard.sim import Simulation, load_profile, load_workload
+
+
+def test_the_pressure_workload_oversubscribes_the_kv_cache_and_separates_the_policies() -> None:
+    w = load_workload("cpu-pressure")
+    profile = load_profile(w.profile)
+    plans = w.plans()
+    last = sum(p.turns[-1].prompt_tokens + p.turns[-1].output_tokens for p in plans)
+    assert last > 3 * profile.kv_tokens  # every program's final context, against 16k KV tokens
+    assert max(t.prompt_tokens + t.output_tokens for p in plans for t in p.turns) < profile.max_model_len
+    small = load_workload("cpu-small")
+    runs = {}
+    for name in ("fifo", "rollyard", "thunder"):
+        runs[name] = Simulation(w, make_policy(name), profile).run()
+    fifo = runs["fifo"]
+    assert max(peak for _, _, peak, *_ in fifo.stats.series) > 0.9  # FIFO fills the cache
+    base = Simulation(small, make_policy("fifo"), profile).run()
+    assert max(peak for _, _, peak, *_ in base.stats.series) < 0.9  # cpu-small does not
+    assert runs["thunder"].summary["pauses"] > 0 and runs["rollyard"].summary["pauses"] > 0
+    thr = {n: r.summary["output_tok_s"] for n, r in runs.items()}
+    gaps = sorted(abs(thr[a] - thr[b]) / max(thr[a], thr[b]) for a in thr for b in thr if a < b)
+    assert gaps[0] > 0.05  # with the committed (quiet-machine) profile, each pair > 5% apart
+
+
+def test_rank_ok_compares_the_order_of_throughputs() -> None:
+    def val(live: list[float], sim: list[float]) -> dict[str, dict[str, dict[str, float]]]:
+        return {
+            p: {"live": {"output_tok_s": a}, "sim": {"output_tok_s": b}}
+            for p, a, b in zip("xyz", live, sim, strict=True)
+        }
+
+    assert rank_ok(val([1, 2, 3], [10, 20, 30]), list("xyz")) == 1
+    assert rank_ok(val([1, 2, 3], [20, 10, 30]), list("xyz")) == 0
