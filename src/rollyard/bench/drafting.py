@@ -12,7 +12,7 @@ the scripted solver's tool calls and its real tool reply), each sampled by a gro
 T = 1, groups in order, against four engines started one after another: (a) no drafting, (b) vLLM
 ``ngram`` (prompt lookup), (c) ours with no group (each request alone), (d) ours grouped, all with
 k = 4; then (d) again at k = 2 and k = 8 with the adaptive length off, for the break-even
-(``--quick``: concurrency 16 only, one task, k = 8 only). Each concurrency level runs its own
+(``--quick``: concurrency 16 only, k = 8 only). Each concurrency level runs its own
 tasks, so no group's index holds samples from an earlier level. vLLM turns async scheduling off
 for a ``custom_class`` drafter (not for (a) or (b)): that cost is part of the measured ratio. The
 result is written after every engine. Acceptance length (1 + accepted / drafts) comes from each
@@ -38,7 +38,7 @@ G = 16
 K = 4
 TEMPERATURE = 1.0
 MAX_TOKENS = 48  # the reading demo's agent.max_tokens
-TASKS_PER_LEVEL = 2
+TASKS_PER_LEVEL = 1  # a task = 3 turns = 3 groups of G; more overruns the ~15 min the lock allows a bench
 READ_TIMEOUT_S = 3600.0  # a starved engine on a shared 2-core box can go minutes without a byte
 METHODS = {"none": "a", "grouped_suffix": "d", "solo_suffix": "c", "ngram": "b"}  # run in this order
 
@@ -169,7 +169,7 @@ def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: li
 def main(quick: bool = False) -> dict[str, Any]:
     levels = [16] if quick else [4, 16]
     sweep = [8] if quick else [2, 8]
-    per_level = 1 if quick else TASKS_PER_LEVEL
+    per_level = TASKS_PER_LEVEL
     t0 = time.perf_counter()
     load = [loadavg()]
     model = sft_model()  # the first run warm-starts it (minutes); later runs reuse the cache
