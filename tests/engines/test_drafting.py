@@ -228,7 +228,8 @@ def test_a_draft_scores_its_expected_accepted_tokens_and_the_prior_discounts_thi
     assert cautious.scored_draft([1, 2], k=2, min_prob=0.9)[0] == [3, 4]  # ranked lower, not cut
     for seq in "bcd":  # three more sightings of 2 -> 3: the estimate firms up
         cautious.extend(seq, [1, 2, 3])
-    assert cautious.continuation([1, 2])[:2] == (3, 4 / 5)
+    assert cautious.continuation([1, 2])[:3] == (3, 4, 4)
+    assert cautious.scored_draft([1, 2], k=1) == ([3], 4 / 5)
 
 
 def test_draft_length_shrinks_as_the_batch_fills() -> None:

@@ -66,24 +66,15 @@ class SuffixIndex:
             if len(tail) > self.depth:
                 del tail[0]
 
-    def _hit(self, context: Sequence[int], min_match: int) -> tuple[int, int, int, int] | None:
-        """(token, its count, all counts, match length) for the longest matched suffix."""
+    def continuation(self, context: Sequence[int], min_match: int = 1) -> tuple[int, int, int, int] | None:
+        """(token, its count, all counts, match length) for the longest matched suffix of
+        ``context`` of at least ``min_match`` tokens, or None when none occurred."""
         for d in range(min(self.depth, len(context)), max(1, min_match) - 1, -1):
             counts = self._next.get(tuple(context[-d:]))
             if counts:
                 token = max(counts, key=counts.__getitem__)  # ties: the first seen
                 return token, counts[token], sum(counts.values()), d
         return None
-
-    def continuation(self, context: Sequence[int], min_match: int = 1) -> tuple[int, float, int] | None:
-        """(token, its frequency after the match discounted by the prior, match length) for the
-        longest matched suffix of ``context`` of at least ``min_match`` tokens, or None when none
-        occurred."""
-        hit = self._hit(context, min_match)
-        if hit is None:
-            return None
-        token, count, total, d = hit
-        return token, count / (total + self.prior), d
 
     def draft(self, context: Sequence[int], k: int, min_match: int = 1, min_prob: float = 0.0) -> list[int]:
         """Up to ``k`` tokens continuing ``context``, greedily, while the whole draft's estimated
@@ -103,7 +94,7 @@ class SuffixIndex:
         p = q = 1.0
         score = 0.0
         while len(out) < k:
-            hit = self._hit(ctx, min_match)
+            hit = self.continuation(ctx, min_match)
             if hit is None:
                 break
             token, count, total, _ = hit
