@@ -178,6 +178,36 @@ def test_a_request_keeps_drafting_its_own_loop_when_its_siblings_wrote_otherwise
     assert drafter.picked["own"] > 0 and drafter.picked["group"] > 0
 
 
+def test_siblings_agreement_outscores_one_sighting_in_the_requests_own_prompt() -> None:
+    """The prompt shows 1 2 -> 3 4 5 6 once; 15 siblings all wrote 1 2 -> 7 8 9 10. With the
+    default prior the group's consensus wins; with no prior the single sighting (frequency 1,
+    score 4) ties it and the own draft is kept, which is what replaying real samples showed to
+    go wrong: the own draft won most contests and was right far less often than the group's.
+    The prior ranks drafts without shortening them: the solo drafter drafts the same either way."""
+    prompt, answer = [1, 2, 3, 4, 5, 6, 1], [2, 7, 8, 9, 10, 11]
+    assert DrafterSettings().prior == 1.0
+    for prior, expect, source in ((1.0, [7, 8, 9, 10], "group"), (0.0, [3, 4, 5, 6], "own")):
+        settings = DrafterSettings(prior=prior, min_match=2, group_min_match=2, min_prob=0.0)
+        drafter = GroupedSuffixDrafter(_config(), settings)
+        siblings = Batch([prompt] * 15)
+        for t in answer:
+            siblings.step(drafter, [t] * 15)
+        picked = dict(drafter.picked)
+        late = Batch([prompt])
+        assert late.step(drafter, [answer[0]])[0] == expect, prior
+        assert drafter.picked[source] == picked[source] + 1
+        solo = SoloSuffixDrafter(_config(), settings)
+        assert Batch([prompt]).step(solo, [answer[0]])[0] == [3, 4, 5, 6]
+
+
+def test_the_prior_comes_from_the_config_through_the_environment() -> None:
+    from rollyard.engines.drafting import DraftingConfig
+
+    env = DraftingConfig(method="grouped_suffix", prior=0.5).environment()
+    assert env == {"ROLLYARD_DRAFT_PRIOR": "0.5"}
+    assert DrafterSettings.from_env(env).prior == 0.5
+
+
 def test_own_indexes_are_bounded_and_rebuilt_from_the_row_when_dropped() -> None:
     drafter = SoloSuffixDrafter(_config(), DrafterSettings(max_requests=2, min_match=1, min_prob=0.0))
     batch = Batch([[7, 8], [5, 6], [3, 4]])  # three requests, room for two own indexes
@@ -195,9 +225,11 @@ def test_a_draft_scores_its_expected_accepted_tokens_and_the_prior_discounts_thi
     cautious.extend("a", [1, 2, 3, 4])
     tokens, score = cautious.scored_draft([1, 2], k=2)
     assert tokens == [3, 4] and score == 0.5 + 0.25
+    assert cautious.scored_draft([1, 2], k=2, min_prob=0.9)[0] == [3, 4]  # ranked lower, not cut
     for seq in "bcd":  # three more sightings of 2 -> 3: the estimate firms up
         cautious.extend(seq, [1, 2, 3])
-    assert cautious.continuation([1, 2])[:2] == (3, 4 / 5)
+    assert cautious.continuation([1, 2])[:3] == (3, 4, 4)
+    assert cautious.scored_draft([1, 2], k=1) == ([3], 4 / 5)
 
 
 def test_draft_length_shrinks_as_the_batch_fills() -> None:

@@ -1,23 +1,23 @@
 """``rollyard bench drafting``: grouped speculative drafting against its baselines on real vLLM.
 
-The model: SmolLM2-135M-Instruct (``rollyard model init --from smollm2-135m``), a real
-pretrained model, not SFT'd further. Its samples of one prompt share much text (the restated
-question, the same steps, the same phrases), as a policy's group does in RL. The 3.5M tiny
-model after a short SFT did not: at T = 1 its samples were near-random text (acceptance 1.03-1.24
-for every drafter, ``bench/results/drafting.json`` before this version).
+The model: the reading demo's SFT'd model (SmolLM2-135M-Instruct after the warm start of
+``configs/demo-smollm2.yaml`` on scripted ``readout`` demonstrations; ``bench._readout``, cached
+after the first run). It writes short structured tool calls, and the samples of one prompt repeat
+each other as an RL policy's group does. Untuned SmolLM2 at T = 1 drifts into garbled text within
+a few dozen tokens (5% of its tokens could be drafted, whatever the drafter), so the benchmark
+before this one sampled it at T = 0.7.
 
-Workload: groups of G = 16 samples of one short reasoning question at T = 0.7 (a usual rollout
-temperature for a small model; at T = 1 this 135M model drifts into garbled text within a few
-dozen tokens, which no RL run would train on), against four engines started one after another:
-(a) no drafting, (b) vLLM ``ngram`` (prompt lookup), (c) ours with no group (each request alone),
-(d) ours grouped, all with k = 4; then (d) again at k = 2 and k = 8 with the adaptive length off,
-for the break-even (``--quick``: concurrency 16 only, 48 tokens, k = 8 only). Each concurrency
-level runs its own question, so no group's index holds samples from an earlier level. vLLM
-turns async scheduling off for a ``custom_class`` drafter (not for (a) or (b)): that cost is
-part of the measured ratio. The result is written after every engine. Acceptance length
-(1 + accepted / drafts) comes from each engine's ``/metrics``; decode speed is completion
-tokens / wall time of the whole workload. At T = 0 every engine's outputs must be identical
-(drafting must not change what is sampled).
+Workload: real agent turns of ``readout`` tasks (the task prompt, then the prompt after each of
+the scripted solver's tool calls and its real tool reply), each sampled by a group of G = 16 at
+T = 1, groups in order, against four engines started one after another: (a) no drafting, (b) vLLM
+``ngram`` (prompt lookup), (c) ours with no group (each request alone), (d) ours grouped, all with
+k = 4; then (d) again at k = 2 and k = 8 with the adaptive length off, for the break-even
+(``--quick``: concurrency 16 only, k = 8 only). Each concurrency level runs its own
+tasks, so no group's index holds samples from an earlier level. vLLM turns async scheduling off
+for a ``custom_class`` drafter (not for (a) or (b)): that cost is part of the measured ratio. The
+result is written after every engine. Acceptance length (1 + accepted / drafts) comes from each
+engine's ``/metrics``; decode speed is completion tokens / wall time of the whole workload. At
+T = 0 every engine's outputs must be identical (drafting must not change what is sampled).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollyard.bench._model import bench_model
+from rollyard.bench._readout import agent_turns, sft_key, sft_model
+from rollyard.bench._readout import sft_config as sft_model_config
 from rollyard.bench._report import loadavg, report
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.drafting import DraftingConfig
@@ -35,33 +36,11 @@ from rollyard.engines.metrics import acceptance
 
 G = 16
 K = 4
-TEMPERATURE = 0.7
-MODEL = "smollm2-135m"
+TEMPERATURE = 1.0
+MAX_TOKENS = 48  # the reading demo's agent.max_tokens
+TASKS_PER_LEVEL = 1  # a task = 3 turns = 3 groups of G; more overruns the ~15 min the lock allows a bench
 READ_TIMEOUT_S = 3600.0  # a starved engine on a shared 2-core box can go minutes without a byte
 METHODS = {"none": "a", "grouped_suffix": "d", "solo_suffix": "c", "ngram": "b"}  # run in this order
-QUESTIONS = [
-    "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils are left? "
-    "Think step by step.",
-    "A train travels 60 km in 45 minutes. What is its average speed in km per hour? Explain.",
-    "Sara reads 15 pages a day. How many days does she need for a 240-page book? Show your work.",
-    "A shop sells pens at 3 for 2 dollars. How much do 18 pens cost? Explain your reasoning.",
-    "What is 25% of 360? Explain how you compute it.",
-]
-
-
-def _prompts(model: Path) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    from rollyard.engines import render_conversation
-
-    tok = AutoTokenizer.from_pretrained(model)
-    return [
-        tok.encode(
-            render_conversation([{"role": "user", "content": q}], add_generation_prompt=True),
-            add_special_tokens=False,
-        )
-        for q in QUESTIONS
-    ]
 
 
 async def _workload(url: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> dict[str, Any]:
@@ -190,21 +169,30 @@ def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: li
 def main(quick: bool = False) -> dict[str, Any]:
     levels = [16] if quick else [4, 16]
     sweep = [8] if quick else [2, 8]
-    max_tokens = 48 if quick else 64
+    per_level = TASKS_PER_LEVEL
     t0 = time.perf_counter()
-    model = bench_model(MODEL, Path(".cache/bench-models"))  # converted once, offline from pip's cache
-    prompts = _prompts(model)
-    greedy_prompts = prompts[:1]
-    level_prompts = {c: [prompts[1 + i]] for i, c in enumerate(levels)}  # one fresh group per level
     load = [loadavg()]
+    model = sft_model()  # the first run warm-starts it (minutes); later runs reuse the cache
+    sft_s = time.perf_counter() - t0
+    tasks = agent_turns(model, 1 + per_level * len(levels))
+    greedy_prompts = tasks[0][:1]
+    # one fresh set of tasks per level; each of a task's turns is a group of G samples
+    level_prompts = {
+        c: [turn for task in tasks[1 + i * per_level : 1 + (i + 1) * per_level] for turn in task]
+        for i, c in enumerate(levels)
+    }
     res: dict[str, Any] = {}
     greedy: dict[str, list[list[int]]] = {}
     details: dict[str, Any] = {
-        "model": "SmolLM2-135M-Instruct (rollyard model init --from smollm2-135m), no further SFT",
+        "model": "SmolLM2-135M-Instruct after the reading demo's SFT warm start "
+        f"(configs/demo-smollm2.yaml sft, readout demonstrations; cache key {sft_key(sft_model_config())})",
+        "sft_or_cache_s": sft_s,
+        "prompts": "readout agent turns (task prompt, then after each scripted tool call and its "
+        "real tool reply), one group of G per turn",
+        "prompt_tokens": {str(c): [len(p) for p in ps] for c, ps in level_prompts.items()},
         "temperature": TEMPERATURE,
         "group_size": G,
-        "questions": {str(c): QUESTIONS[1 + i] for i, c in enumerate(levels)},
-        "max_tokens": max_tokens,
+        "max_tokens": MAX_TOKENS,
         "k": K,
         "k_sweep": sweep,
         "levels": levels,
@@ -220,7 +208,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     for name, drafting in engines:
         g, runs = _run_engine(
-            model, drafting, greedy_prompts if name in METHODS else [], level_prompts, max_tokens
+            model, drafting, greedy_prompts if name in METHODS else [], level_prompts, MAX_TOKENS
         )
         if name in METHODS:
             greedy[name] = g

@@ -29,33 +29,50 @@ from rollyard.rollout.services import agent_config
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.tasks import prepare, solve
+from rollyard.tasks.families.base import ToolCall
 from rollyard.tasks.model import Task
 from rollyard.train.sft import run_sft
 
 log = logging.getLogger(__name__)
 
 
-async def demonstration(
-    task: Task, provider: SandboxProvider, renderer: Renderer, cfg: Config, mistake_prob: float, seed: int
-) -> Sample:
-    """One solved episode as a training sample (prompt/observations masked, completions trained)."""
+def task_prompt_ids(task: Task, renderer: Renderer, cfg: Config) -> list[int]:
+    """The ids the agent's first turn starts from: system prompt (with the tools) and the task's
+    instruction, without the generation prompt."""
     agent = agent_config(cfg)
     tools = parse_tools(TOOLS)
-    eos = renderer.tok.eos_id
     ids: list[int] = []
-    mask: list[int] = []
-
-    def add(part: list[int], trained: int) -> None:
-        ids.extend(part)
-        mask.extend([trained] * len(part))
-
     for i, m in enumerate([Message("system", agent.system_prompt), Message("user", task.spec.instruction)]):
-        add(renderer.message_ids(m, tools, first=i == 0), 0)
+        ids.extend(renderer.message_ids(m, tools, first=i == 0))
+    return ids
+
+
+def tool_call_ids(renderer: Renderer, call: ToolCall) -> list[int]:
+    """An assistant turn that makes ``call``, ending with its end-of-turn token."""
+    return [*renderer.tok.encode(ct.format_tool_call(call.name, call.arguments)), renderer.tok.eos_id]
+
+
+def tool_reply_ids(renderer: Renderer, content: str, n: int) -> list[int]:
+    """Turn ``n``'s tool reply rendered as the agent sees it."""
+    return renderer.message_ids(Message("tool", content, tool_call_id=f"call_{n}"), parse_tools(TOOLS), False)
+
+
+async def solved_turns(
+    task: Task, provider: SandboxProvider, renderer: Renderer, cfg: Config, mistake_prob: float, seed: int
+) -> list[tuple[list[int], list[int]]]:
+    """The scripted solver's episode as (context ids, completion ids) per assistant turn: the
+    context is what the agent was shown before that turn (generation prompt included), the
+    completion its tool call. Each call really runs in a sandbox, so the tool replies are the
+    ones the agent would see."""
+    agent = agent_config(cfg)
+    context = task_prompt_ids(task, renderer, cfg)
+    turns: list[tuple[list[int], list[int]]] = []
     sb = await prepare(task, provider)
     try:
         for n, call in enumerate(solve(task, mistake_prob=mistake_prob, seed=seed)):
-            add(renderer.gen_prompt_ids, 0)
-            add([*renderer.tok.encode(ct.format_tool_call(call.name, call.arguments)), eos], 1)
+            context = [*context, *renderer.gen_prompt_ids]
+            completion = tool_call_ids(renderer, call)
+            turns.append((context, completion))
             out = await run_tool(
                 sb,
                 call.name,
@@ -65,9 +82,22 @@ async def demonstration(
             )
             if out.submitted or n + 1 >= agent.max_turns:
                 break
-            add(renderer.message_ids(Message("tool", out.content, tool_call_id=f"call_{n}"), tools, False), 0)
+            context = [*context, *completion, *tool_reply_ids(renderer, out.content, n)]
     finally:
         await sb.close()
+    return turns
+
+
+async def demonstration(
+    task: Task, provider: SandboxProvider, renderer: Renderer, cfg: Config, mistake_prob: float, seed: int
+) -> Sample:
+    """One solved episode as a training sample (prompt/observations masked, completions trained)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for context, completion in await solved_turns(task, provider, renderer, cfg, mistake_prob, seed):
+        shown = context[len(ids) :]  # each turn's context extends the previous turn's
+        ids.extend([*shown, *completion])
+        mask.extend([0] * len(shown) + [1] * len(completion))
     zeros = [0.0] * len(ids)
     return Sample(token_ids=ids, loss_mask=mask, logprobs=zeros, advantages=zeros, group_id=f"sft-{task.id}")
 

@@ -17,7 +17,8 @@ DraftMethod = Literal["none", "grouped_suffix", "solo_suffix", "ngram"]
 class DraftingConfig(BaseModel):
     """``method``: ``grouped_suffix`` (ours: a suffix index per RL group), ``solo_suffix`` (ours,
     each request alone), ``ngram`` (vLLM's prompt lookup) or ``none``; ``k``: the most tokens
-    drafted per request and step. ``budget`` / ``min_prob`` tune ours (see ``DrafterSettings``)."""
+    drafted per request and step. ``budget`` / ``min_prob`` / ``prior`` tune ours (see
+    ``DrafterSettings``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -25,6 +26,7 @@ class DraftingConfig(BaseModel):
     k: int = Field(default=4, ge=1, le=16)
     budget: int | None = Field(default=None, ge=0)
     min_prob: float | None = Field(default=None, ge=0.0, le=1.0)
+    prior: float | None = Field(default=None, ge=0.0)
 
     @property
     def enabled(self) -> bool:
@@ -58,6 +60,8 @@ class DraftingConfig(BaseModel):
             env["ROLLYARD_DRAFT_BUDGET"] = str(self.budget)
         if self.min_prob is not None:
             env["ROLLYARD_DRAFT_MIN_PROB"] = str(self.min_prob)
+        if self.prior is not None:
+            env["ROLLYARD_DRAFT_PRIOR"] = str(self.prior)
         return env
 
     @classmethod

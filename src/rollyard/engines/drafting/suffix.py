@@ -30,7 +30,7 @@ class SuffixIndex:
             )
         self.depth = depth
         self.max_tokens = max_tokens
-        self.prior = prior  # pseudo-count of "something else": thin evidence is not certainty
+        self.prior = prior  # pseudo-count of "something else" in scores: thin evidence is not certainty
         self.tokens = 0  # how many tokens were inserted
         self._next: dict[tuple[int, ...], dict[int, int]] = {}
         self._tails: dict[Hashable, list[int]] = {}
@@ -66,14 +66,14 @@ class SuffixIndex:
             if len(tail) > self.depth:
                 del tail[0]
 
-    def continuation(self, context: Sequence[int], min_match: int = 1) -> tuple[int, float, int] | None:
-        """(token, its frequency after the match, match length) for the longest matched suffix
-        of ``context`` of at least ``min_match`` tokens, or None when none occurred."""
+    def continuation(self, context: Sequence[int], min_match: int = 1) -> tuple[int, int, int, int] | None:
+        """(token, its count, all counts, match length) for the longest matched suffix of
+        ``context`` of at least ``min_match`` tokens, or None when none occurred."""
         for d in range(min(self.depth, len(context)), max(1, min_match) - 1, -1):
             counts = self._next.get(tuple(context[-d:]))
             if counts:
                 token = max(counts, key=counts.__getitem__)  # ties: the first seen
-                return token, counts[token] / (sum(counts.values()) + self.prior), d
+                return token, counts[token], sum(counts.values()), d
         return None
 
     def draft(self, context: Sequence[int], k: int, min_match: int = 1, min_prob: float = 0.0) -> list[int]:
@@ -86,21 +86,24 @@ class SuffixIndex:
     ) -> tuple[list[int], float]:
         """``draft`` and its score: the expected number of its tokens accepted (the sum over
         positions of the estimated chance that the draft is right up to there), so drafts from
-        two indexes can be compared."""
+        two indexes can be compared. ``min_prob`` bounds the chance as the counts say it; the
+        prior discounts only the score: it ranks a draft seen once below one many siblings
+        agree on without shortening either."""
         ctx = [int(t) for t in context[-self.depth :]]
         out: list[int] = []
-        p = 1.0
+        p = q = 1.0
         score = 0.0
         while len(out) < k:
             hit = self.continuation(ctx, min_match)
             if hit is None:
                 break
-            token, freq, _ = hit
-            p *= freq
+            token, count, total, _ = hit
+            p *= count / total
             if p < min_prob:
                 break
+            q *= count / (total + self.prior)
             out.append(token)
-            score += p
+            score += q
             ctx.append(token)
             if len(ctx) > self.depth:
                 del ctx[0]
