@@ -48,7 +48,7 @@ from rollyard.bench._report import report
 from rollyard.core.program import Program, SamplingPolicy
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import FinishReason
-from rollyard.engines.base import Backend, Completion
+from rollyard.engines.base import Backend, Completion, WrappedBackend
 from rollyard.gateway.types import ChatRequest, Message
 from rollyard.sched import make_policy
 
@@ -93,7 +93,7 @@ class Draw:
 _DRAW: contextvars.ContextVar[Draw | None] = contextvars.ContextVar("rollyard_bench_seer_draw", default=None)
 
 
-class StopAtLength:
+class StopAtLength(WrappedBackend):
     """An engine whose generations end at the calling program's drawn length (bench only).
 
     The drawn length travels in a context variable set by the bench's client task, so the
@@ -102,18 +102,8 @@ class StopAtLength:
     would. Only ``generate`` is wrapped: the bench does not stream."""
 
     def __init__(self, inner: Backend, t0: list[float]) -> None:
-        self.inner, self.name, self._t0 = inner, inner.name, t0
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
+        super().__init__(inner)
+        self._t0 = t0
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         draw = _DRAW.get()

@@ -1,6 +1,6 @@
 """Inference engines behind one narrow ``Backend`` protocol, and the local model/engine tooling."""
 
-from rollyard.engines.base import Backend, Completion, CompletionDelta, EngineStats
+from rollyard.engines.base import Backend, Completion, CompletionDelta, EngineStats, WrappedBackend
 from rollyard.engines.chat_template import (
     CHAT_TEMPLATE,
     ParsedAssistant,
@@ -25,6 +25,7 @@ __all__ = [
     "ToolCall",
     "VLLMBackend",
     "VLLMServer",
+    "WrappedBackend",
     "format_tool_call",
     "free_port",
     "parse_assistant",

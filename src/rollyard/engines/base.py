@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -98,3 +98,24 @@ class Backend(Protocol):
     async def load_weights(self, path: str, version: int) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+class WrappedBackend:
+    """A backend that changes some calls of ``inner`` and passes everything else through.
+
+    Subclasses override what they change; attributes they do not define are the engine's own.
+    The protocol's two properties are spelled out so that type checkers see a ``Backend``."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    @property
+    def policy_version(self) -> int:
+        return self.inner.policy_version

@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rollyard.core.errors import EngineUnavailable
 from rollyard.core.sampling import SamplingParams
-from rollyard.engines.base import Backend, Completion, CompletionDelta, EngineStats
+from rollyard.engines.base import Backend, Completion, CompletionDelta, EngineStats, WrappedBackend
 from rollyard.gateway.breaker import CircuitBreaker
 
 log = logging.getLogger(__name__)
@@ -71,23 +70,12 @@ class GuardMetrics:
         )
 
 
-class GuardedBackend:
+class GuardedBackend(WrappedBackend):
     def __init__(self, inner: Backend, breaker: CircuitBreaker, metrics: GuardMetrics) -> None:
-        self.inner, self.breaker, self.metrics = inner, breaker, metrics
-        self.name = inner.name
+        super().__init__(inner)
+        self.breaker, self.metrics = breaker, metrics
         metrics.resends.labels(self.name).set_function(lambda: float(getattr(inner, "resent", 0)))
         self._probe: asyncio.Task[None] | None = None
-
-    def __getattr__(self, attr: str) -> Any:  # everything not guarded: the engine's own
-        return getattr(self.inner, attr)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    @property
-    def policy_version(self) -> int:
-        return self.inner.policy_version
 
     def _gate(self) -> None:
         wait = self.breaker.wait_s()
