@@ -132,8 +132,13 @@ class Event(BaseModel):
 
     @classmethod
     def of(cls, payload: _Payload, *, turn_index: int | None = None, at: float = 0.0) -> Event:
-        """The event carrying ``payload`` (its kind follows from the payload's type)."""
-        return cls(kind=_KIND_OF[type(payload)], turn_index=turn_index, at=at, data=payload.model_dump())
+        """The event carrying ``payload`` (its kind follows from the payload's type).
+
+        The payload model was validated when it was built, so its dump is the contract's form
+        already: the event is assembled without validating it a second time (the gateway makes
+        one or more of these on its event loop for every model call)."""
+        data = payload.model_dump(mode="json", exclude_defaults=True)
+        return cls.model_construct(kind=_KIND_OF[type(payload)], turn_index=turn_index, at=at, data=data)
 
     @property
     def payload(self) -> Any:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import secrets
-import uuid
 
 
 def new_id(prefix: str) -> str:
-    """A short, sortable-enough, collision-safe id such as ``prog_3f9a...``."""
-    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+    """A short, collision-safe id such as ``prog_3f9a...`` (64 random bits)."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def wire_id(prefix: str) -> str:
+    """An id in the style the APIs use (``chatcmpl-``, ``resp_``, ``call_`` + 24 hex digits, 96
+    random bits). ``secrets.token_hex``: a quarter of ``uuid4``'s cost, and several are minted
+    on the gateway's event loop for every model call."""
+    return prefix + secrets.token_hex(12)
 
 
 def new_key(prefix: str = "ry") -> str:

@@ -8,7 +8,6 @@ headers and ``?beta=true``. ``system``-role entries inside ``messages`` become s
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
+from rollyard.core.ids import wire_id
 from rollyard.core.program import Program
 from rollyard.gateway.bodies import MessagesBody, ignored_fields
 from rollyard.gateway.bodies.anthropic import (
@@ -176,7 +176,7 @@ async def _frames(
     items: AsyncIterator[TextDelta | ChatResult], model: str, prompt_tokens: int
 ) -> AsyncIterator[str]:
     msg = {
-        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "id": wire_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from rollyard.core.errors import InvalidRequest
+from rollyard.core.ids import wire_id
 from rollyard.core.program import Program
 from rollyard.gateway.bodies import ChatCompletionBody, ignored_fields
 from rollyard.gateway.bodies.openai_chat import (
@@ -143,7 +143,7 @@ async def _frames(
     include_usage: bool,
     logprobs: Tokenizer | None = None,
 ) -> AsyncIterator[str]:
-    cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    cid, created = wire_id("chatcmpl-"), int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {

@@ -14,13 +14,13 @@ text deltas carry none).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from rollyard.core.ids import wire_id
 from rollyard.core.program import Program
 from rollyard.gateway.bodies import ResponsesBody, ignored_fields
 from rollyard.gateway.bodies.responses import (
@@ -205,7 +205,7 @@ async def _frames(
     rid = req.response_id
     yield ev("response.created", response=_response(None, rid, model, req, created))
     yield ev("response.in_progress", response=_response(None, rid, model, req, created))
-    sent, text_open, msg_id = "", False, f"msg_{uuid.uuid4().hex[:24]}"
+    sent, text_open, msg_id = "", False, wire_id("msg_")
     async for item in items:
         if isinstance(item, TextDelta):
             if not text_open:
@@ -348,6 +348,6 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
         r = await gw.chat(program, req)
         answer = _response(r, r.request_id, req.model or gw.model_name, req, r.created, tok)
         return FastJSONResponse(answer, headers=r.timing_headers())
-    req.response_id = f"resp_{uuid.uuid4().hex[:24]}"
+    req.response_id = wire_id("resp_")
     items = await primed(gw.chat_stream(program, req))
     return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name, tok), False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
 from rollyard.core.events import CompletionEvent, ToolCallEvent
+from rollyard.core.ids import wire_id
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Event, EventKind, Turn, TurnTimings
@@ -35,10 +35,6 @@ from rollyard.gateway.types import ChatRequest, ChatResult, Message
 from rollyard.sched import Pause, Restore, Start
 
 log = logging.getLogger(__name__)
-
-
-def new_call_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 @dataclass
@@ -280,7 +276,7 @@ class Gateway:
     ) -> ChatResult:
         completion, dispatch, started = gen.completion, gen.dispatch, gen.started
         prefix = "toolu_" if request.api == "anthropic" else "call_"
-        message, malformed = self.renderer.decode_completion(completion.token_ids, prefix, new_call_id)
+        message, malformed = self.renderer.decode_completion(completion.token_ids, prefix, wire_id)
         prev = self.conversations.get(program.id)
         index = prev.turn_index + 1 if prev else 0
         segment = prev.segment if prev and plan.extends else (prev.segment + 1 if prev else 0)
@@ -334,7 +330,7 @@ class Gateway:
         ]
         if malformed:
             self.metrics.malformed.inc()
-        response_id = request.response_id or f"resp_{uuid.uuid4().hex[:24]}"
+        response_id = request.response_id or wire_id("resp_")
         state = ConversationState(
             messages=list(request.messages),
             tools_key=plan.tools_key,
