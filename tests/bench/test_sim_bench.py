@@ -3,7 +3,7 @@ on the KV cache, and the ranking check."""
 
 from __future__ import annotations
 
-from rollyard.bench.sim import rank_ok
+from rollyard.bench.sim import rank_beyond_noise, rank_ok
 from rollyard.sched import make_policy
 from rollyard.sim import Simulation, load_profile, load_workload
 
@@ -38,3 +38,23 @@ def test_rank_ok_compares_the_order_of_throughputs() -> None:
 
     assert rank_ok(val([1, 2, 3], [10, 20, 30]), list("xyz")) == 1
     assert rank_ok(val([1, 2, 3], [20, 10, 30]), list("xyz")) == 0
+
+
+def test_rank_beyond_noise_ranks_only_the_pairs_the_live_rounds_resolve() -> None:
+    def val(rounds: dict[str, list[float]], sim: dict[str, float]) -> dict[str, dict[str, object]]:
+        return {
+            p: {
+                "live": {"output_tok_s": sorted(r)[len(r) // 2]},
+                "sim": {"output_tok_s": sim[p]},
+                "rounds": [{"live": {"output_tok_s": x}} for x in r],
+            }
+            for p, r in rounds.items()
+        }
+
+    tight = {"x": [10.0, 10.1, 10.2], "y": [20.0, 20.1, 20.2], "z": [20.5, 20.6, 20.7]}
+    # y and z are 0.5 apart with a 0.2 spread: resolved, and the simulator must agree
+    assert rank_beyond_noise(val(tight, {"x": 1, "y": 2, "z": 3}), list("xyz")) == (1, 3)
+    assert rank_beyond_noise(val(tight, {"x": 1, "y": 3, "z": 2}), list("xyz")) == (0, 3)
+    noisy = {**tight, "z": [16.0, 20.5, 24.0]}  # z's 8.0 spread covers its gap to y, not to x
+    assert rank_beyond_noise(val(noisy, {"x": 1, "y": 3, "z": 2}), list("xyz")) == (1, 2)
+    assert rank_beyond_noise(val(noisy, {"x": 3, "y": 2, "z": 1}), list("xyz")) == (0, 2)
