@@ -67,7 +67,11 @@ def test_changed_tools_or_edited_answer_is_a_rewrite(tok) -> None:
 def test_conversation_state_survives_json(tok) -> None:
     m = Message("assistant", "x", (ToolCall("ls", {"a": 1}, "c"),), "think")
     s = ConversationState([Message("user", "q")], "[]", m, [1, 2], [3], 4, 1, "resp_x")
-    assert ConversationState.from_json(s.to_json()) == s
+    body = s.to_json()
+    assert "prompt_ids" not in body  # the journal's turn row holds them
+    assert ConversationState.from_json(body, [1, 2], [3]) == s
+    # a journal written before the ids moved out: its own copy is used
+    assert ConversationState.from_json({**body, "prompt_ids": [1, 2], "completion_ids": [3]}, [], []) == s
 
 
 def test_dropped_reasoning_extends_with_the_reasoning_ids_but_changed_reasoning_is_a_rewrite(tok) -> None:

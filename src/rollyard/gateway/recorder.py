@@ -182,9 +182,18 @@ class SqliteJournal:
         return [Program.model_validate_json(r[0]) for r in rows]
 
     def load_conversations(self) -> dict[str, ConversationState]:
+        """Each program's conversation state, its ids taken from the turn it ends with."""
         with self._lock:
-            rows = self._db.execute("SELECT program_id, body FROM conversations").fetchall()
-        return {pid: ConversationState.from_json(json.loads(body)) for pid, body in rows}
+            rows = self._db.execute(
+                "SELECT c.program_id, c.body, t.body FROM conversations c LEFT JOIN turns t "
+                "ON t.program_id = c.program_id AND t.idx = json_extract(c.body, '$.turn_index')"
+            ).fetchall()
+        out = {}
+        for pid, body, turn_body in rows:
+            turn = json.loads(turn_body) if turn_body is not None else {}
+            ids = turn.get("prompt_ids", []), turn.get("completion_ids", [])
+            out[pid] = ConversationState.from_json(json.loads(body), *ids)
+        return out
 
     # turns ----------------------------------------------------------------
     async def record_turn(
@@ -204,7 +213,7 @@ class SqliteJournal:
             (
                 "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
                 "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
-                (program.id, pydantic_core.to_json(state.to_json()).decode()),  # ~5x json.dumps on ids
+                (program.id, pydantic_core.to_json(state.to_json()).decode()),
             ),
             ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
         ]

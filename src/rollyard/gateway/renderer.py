@@ -56,25 +56,30 @@ class ConversationState:
     response_id: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """Everything but the ids: they are turn ``turn_index``'s prompt and completion, which
+        the journal already holds in that turn's row (written in the same transaction), so a
+        long context is serialized and stored once per turn, not twice."""
         return {
             "messages": [_msg_json(m) for m in self.messages],
             "tools_key": self.tools_key,
             "returned": _msg_json(self.returned),
-            "prompt_ids": self.prompt_ids,
-            "completion_ids": self.completion_ids,
             "turn_index": self.turn_index,
             "segment": self.segment,
             "response_id": self.response_id,
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ConversationState:
+    def from_json(
+        cls, d: dict[str, Any], prompt_ids: list[int], completion_ids: list[int]
+    ) -> ConversationState:
+        """``d`` from ``to_json``; the ids from turn ``d["turn_index"]`` (journals written before
+        the ids moved out carry their own copy, which wins)."""
         return cls(
             messages=[_msg_from(m) for m in d["messages"]],
             tools_key=d["tools_key"],
             returned=_msg_from(d["returned"]),
-            prompt_ids=list(d["prompt_ids"]),
-            completion_ids=list(d["completion_ids"]),
+            prompt_ids=list(d.get("prompt_ids", prompt_ids)),
+            completion_ids=list(d.get("completion_ids", completion_ids)),
             turn_index=int(d["turn_index"]),
             segment=int(d["segment"]),
             response_id=d.get("response_id", ""),
