@@ -6,9 +6,9 @@ prefill on two CPU cores, so this test runs under `make test-agents` (which sets
 ``ROLLYARD_TEST_AGENTS=1``), not in `make test` / CI; mini-SWE-agent and Codex train in CI
 (tests/rollout/test_train_e2e.py).
 
-Not yet seen passing: on the 2-core development machine at load ~28 (2026-12-01) the run's
+Passes in ~2 min on a quiet 2-core machine (2026-12-03); at load ~28 (2026-12-01) the run's
 engine died during the first prefills (vLLM: "RPC call to execute_model timed out") after 18
-minutes with no turn recorded; it needs an unloaded machine or more cores."""
+minutes with no turn recorded: it needs the cores to itself."""
 
 from __future__ import annotations
 
@@ -70,5 +70,6 @@ async def test_claude_code_trains_unmodified_for_one_step(
         assert t.num_turns >= 1 and t.outcome is not None, t.status
         first = t.segments[0].turns[0]
         # Claude Code's own system prompt and tools open the program's first turn, token-exact
-        assert len(first.prompt_ids) > 25_000 and len(first.completion_ids) == len(first.completion_logprobs)
+        # (its first calls carry ~19.2k tokens of them, later ones ~31.4k: docs/agents.md)
+        assert len(first.prompt_ids) > 15_000 and len(first.completion_ids) == len(first.completion_logprobs)
         assert t.outcome.details.get("agent_status") in ("exited", "agent_error"), t.outcome.details
