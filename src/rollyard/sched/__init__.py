@@ -8,7 +8,7 @@ from rollyard.sched.decisions import Decision, Move, Pause, Restore, Start
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
-from rollyard.sched.registry import make_policy, policy_names
+from rollyard.sched.registry import make_policy, policy_from_spec, policy_names
 from rollyard.sched.rollyard import AgingAdmission, CostAware
 from rollyard.sched.scheduler import Scheduler
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
@@ -38,5 +38,6 @@ __all__ = [
     "Start",
     "ThunderAdmission",
     "make_policy",
+    "policy_from_spec",
     "policy_names",
 ]
