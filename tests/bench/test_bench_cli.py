@@ -31,3 +31,16 @@ def test_model_is_refused_by_benches_that_serve_their_own(runner: CliRunner) -> 
 def test_a_pretrained_result_sits_beside_the_tiny_one() -> None:
     assert result_name("engine", "tiny") == "engine"
     assert result_name("e2e", "smollm2-135m") == "e2e-smollm2-135m"
+
+
+def test_every_listed_benchmark_is_runnable_by_name() -> None:
+    """`rollyard bench all` calls main(quick=...) on each: a helper module must not be listed
+    (the gateway bench's relay was, and `bench all` would have died on it)."""
+    import importlib
+    import inspect
+
+    from rollyard.cli.bench import available
+
+    for name in available():
+        main = importlib.import_module(f"rollyard.bench.{name}").main
+        assert "quick" in inspect.signature(main).parameters, name

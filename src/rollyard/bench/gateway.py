@@ -24,7 +24,7 @@ the cores: in a closed loop, CPU the gateway takes from the engine slows every r
 latency, on top of ``p50_own_ms``.
 
 The floor (``floor_p50_added_ms``, ``floor_cpu_ms_per_req``): the same 64-program level with
-``rollyard.bench.floor_proxy`` in the gateway's place, a raw ASGI relay of the direct bodies on
+``rollyard.bench._floor_proxy`` in the gateway's place, a raw ASGI relay of the direct bodies on
 the same server and client stack. It is what one Python HTTP hop costs on these shared cores
 before any gateway work, the part of the added latency no change inside the gateway removes.
 On the 2-core development machine the per-round ``p50_added_ms`` of the floor itself spans tens
@@ -117,11 +117,11 @@ def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -
 
 @contextlib.contextmanager
 def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
-    """``rollyard.bench.floor_proxy`` in its own process: (url, pid)."""
+    """``rollyard.bench._floor_proxy`` in its own process: (url, pid)."""
     import socket
 
     port = free_port()
-    cmd = [sys.executable, "-m", "rollyard.bench.floor_proxy", "--engine", engine_url, "--port", str(port)]
+    cmd = [sys.executable, "-m", "rollyard.bench._floor_proxy", "--engine", engine_url, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     try:
         for _ in range(300):

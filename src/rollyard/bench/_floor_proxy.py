@@ -5,7 +5,7 @@ with uvloop and httptools when installed), same client (aiohttp, pooled), no par
 scheduling or journal. What it adds over the direct path, on the same shared cores, is what any
 Python proxy adds before the gateway does any work of its own.
 
-    python -m rollyard.bench.floor_proxy --engine URL --port PORT
+    python -m rollyard.bench._floor_proxy --engine URL --port PORT
 """
 
 from __future__ import annotations
