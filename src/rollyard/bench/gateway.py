@@ -32,7 +32,10 @@ of ms (-37 to +134 in one run): a goal of a few ms is below what this closed loo
 there; it needs an engine that does not share the gateway's cores.
 
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
-as ``tiny``).
+as ``tiny``). ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned`` puts ``_canned_engine`` (answers at once,
+computes nothing) in vLLM's place, result ``gateway-canned``: latencies and throughput are then
+the gateway's and the relay's own, and their CPU per request is measured without an engine
+competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs).
 """
 
 from __future__ import annotations
@@ -113,6 +116,34 @@ def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -
         finally:
             proc.terminate()
             proc.wait(15)
+
+
+@contextlib.contextmanager
+def _canned() -> Iterator[tuple[str, Path]]:
+    """``rollyard.bench._canned_engine`` in its own process, and a tiny model for the tokenizer."""
+    from rollyard.engines.tiny_model import create_model
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "rollyard.bench._canned_engine", "--port", str(port)]
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(300):
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/health").status_code == 200:
+                        break
+                time.sleep(0.1)
+            yield url, model_dir
+        finally:
+            proc.terminate()
+            proc.wait(15)
+
+
+def canned() -> bool:
+    """``ROLLYARD_BENCH_GATEWAY_ENGINE=canned``: the canned engine in vLLM's place."""
+    return os.environ.get("ROLLYARD_BENCH_GATEWAY_ENGINE", "vllm") == "canned"
 
 
 @contextlib.contextmanager
@@ -341,7 +372,9 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     # just closed fails the request (seen between blocks at one concurrent program).
     connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0)
     timeout = aiohttp.ClientTimeout(total=1200)
-    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir) as (gw_url, gw_pid):
+    engine = _canned() if canned() else _engine()
+    details["engine"] = "canned" if canned() else "vllm"
+    with engine as (engine_url, model_dir), _gateway(engine_url, model_dir) as (gw_url, gw_pid):
         work = Workload(engine_url, model_dir)
         urls = (engine_url, gw_url, gw_pid)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -377,6 +410,8 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         "p50_own_ms": c64["gateway"]["own_p50_ms"],
         "floor_p50_added_ms": details["floor_c64"]["median"]["p50_added_ms"],
         "floor_cpu_ms_per_req": details["floor_c64"]["gateway_cpu_ms_per_req"],
+        # the issue's measure: the gateway's CPU per request over the bare relay's, both at 64
+        "cpu_ratio_64": c64["gateway_cpu_ms_per_req"] / details["floor_c64"]["gateway_cpu_ms_per_req"],
         "load1": os.getloadavg()[0],
     }
     details["pooled_64"] = {
@@ -390,4 +425,4 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
 def main(quick: bool = False) -> dict[str, Any]:
     summary, details = asyncio.run(_run(quick))
     details["quick"] = quick
-    return report("gateway", summary, details)
+    return report("gateway-canned" if canned() else "gateway", summary, details)

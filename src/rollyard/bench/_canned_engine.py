@@ -1,0 +1,103 @@
+"""An engine that answers at once: ``POST /v1/completions`` in vLLM's shape, nothing computed.
+
+``ROLLYARD_BENCH_GATEWAY_ENGINE=canned rollyard bench gateway`` puts it where vLLM would be, so
+the gateway's and the relay's CPU per request are measured without an engine taking the same
+two cores (on this machine a real vLLM made the relay's own CPU per request vary 2.4x between
+runs). Each answer has ``max_tokens`` token ids (seeded from the prompt, so the same prompt gets
+the same ids), a logprob per token, ``finish_reason: length``; ``/v1/models``, ``/health`` and
+an empty ``/metrics`` are enough for the gateway to start and poll it.
+
+    python -m rollyard.bench._canned_engine --port PORT [--max-model-len N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from typing import Any
+
+import uvicorn
+
+from rollyard.core.errors import ConfigError
+
+
+def answer(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's non-streamed completion for ``body`` (token-id prompt, ``return_token_ids``)."""
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt or body.get("stream"):
+        raise ConfigError("the canned engine answers non-streamed token-id prompts only")
+    n = int(body.get("max_tokens") or 16)
+    rng = random.Random(hash(tuple(prompt)))
+    ids = [rng.randrange(100, 900) for _ in range(n)]
+    lps = [-round(rng.uniform(0.1, 5.0), 4) for _ in range(n)]
+    return {
+        "id": "cmpl-canned",
+        "object": "text_completion",
+        "created": 0,
+        "model": body.get("model", "tiny"),
+        "choices": [
+            {
+                "index": 0,
+                "text": "x" * n,
+                "logprobs": {
+                    "text_offset": list(range(n)),
+                    "token_logprobs": lps,
+                    "tokens": ["x"] * n,
+                    "top_logprobs": [None] * n,
+                },
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": ids,
+                "prompt_token_ids": prompt,
+            }
+        ],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
+    }
+
+
+def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
+    card = {"id": served_name, "object": "model", "max_model_len": max_model_len}
+    models = {"object": "list", "data": [card]}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        status, out, kind = 200, b"", b"application/json"
+        path = scope["path"]
+        if path == "/v1/completions":
+            try:
+                out = json.dumps(answer(json.loads(raw))).encode()
+            except (ValueError, ConfigError) as e:
+                status, out = 400, json.dumps({"error": {"message": str(e)}}).encode()
+        elif path == "/v1/models":
+            out = json.dumps(models).encode()
+        elif path == "/metrics":
+            out, kind = b"", b"text/plain"
+        elif path != "/health":
+            status, out = 404, b'{"error": {"message": "not found"}}'
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
+        await send({"type": "http.response.body", "body": out})
+
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    args = p.parse_args()
+    uvicorn.run(make_app(args.max_model_len), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
