@@ -99,7 +99,9 @@ def rank_beyond_noise(val: dict[str, Any], policies: list[str]) -> tuple[int, in
     return int(agree), pairs
 
 
-def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dict[str, Any]:
+def validate(
+    policies: list[str], quick: bool, rounds: int | None = None, profile_name: str = "sim-cpu-tiny"
+) -> dict[str, Any]:
     """Calibrate the engine (under the load the live runs will see; this profile is the one
     ``cpu-tiny`` is committed from), warm it with one unmeasured live run, then ``rounds`` rounds
     with the policies in rotated order: each round calibrates again, then per policy a live run
@@ -117,7 +119,7 @@ def validate(policies: list[str], quick: bool, rounds: int | None = None) -> dic
     out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump(), "rounds": rounds}
     with _engine(startup_timeout_s=900) as (engine_url, model_dir), tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        path = RESULTS_DIR / "sim-cpu-tiny.yaml"
+        path = RESULTS_DIR / f"{profile_name}.yaml"
         out["calibrate_loadavg"] = loadavg()
         profile = calibrate(engine_url, name="cpu-tiny", path=path, quick=True)
         out["profile"] = profile.model_dump()
@@ -179,7 +181,8 @@ def main(quick: bool = False) -> dict[str, Any]:
     policies = list(dict.fromkeys(["fifo", best, "thunder", *extra]))
     for spec in extra:
         policy_from_spec(spec)  # a bad spec fails here, not after the first live runs
-    val = validate(policies, quick)
+    # a composition run keeps its calibration apart from the one sim.json's run wrote
+    val = validate(policies, quick, profile_name="sim-compose-cpu-tiny" if extra else "sim-cpu-tiny")
     big = scale(quick, list(dict.fromkeys(["fifo", best])))
     summary = {
         "err_thr_fifo": val["fifo"]["err_thr"],
