@@ -16,7 +16,7 @@ from typing import Any
 
 from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
-from rollyard.core.events import CompletionEvent, ToolCallEvent
+from rollyard.core.events import CompletionEvent, ContextRewriteEvent, ToolCallEvent
 from rollyard.core.ids import wire_id
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
@@ -301,14 +301,8 @@ class Gateway:
         now = self.clock.now()
         events: list[Event] = []
         if prev and not plan.extends:
-            events.append(
-                Event(
-                    kind=EventKind.CONTEXT_REWRITE,
-                    turn_index=index,
-                    at=now,
-                    data={"segment": segment, "reason": plan.rewrite_reason or "", "api": request.api},
-                )
-            )
+            rewrite = ContextRewriteEvent(segment=segment, reason=plan.rewrite_reason or "", api=request.api)
+            events.append(Event.of(rewrite, turn_index=index, at=now))
             self.metrics.rewrites.inc()
         if request.ignored:
             events.append(
