@@ -58,3 +58,9 @@ def test_rank_beyond_noise_ranks_only_the_pairs_the_live_rounds_resolve() -> Non
     noisy = {**tight, "z": [16.0, 20.5, 24.0]}  # z's 8.0 spread covers its gap to y, not to x
     assert rank_beyond_noise(val(noisy, {"x": 1, "y": 3, "z": 2}), list("xyz")) == (1, 2)
     assert rank_beyond_noise(val(noisy, {"x": 3, "y": 2, "z": 1}), list("xyz")) == (0, 2)
+    # nothing to judge: no pair beyond the noise, or a single round (no spread known)
+    assert rank_beyond_noise(
+        val({**tight, "y": [10.0, 20.0, 30.0]}, {"x": 1, "y": 2, "z": 3}), list("xy")
+    ) == (-1, 0)
+    one = {p: r[:1] for p, r in tight.items()}
+    assert rank_beyond_noise(val(one, {"x": 1, "y": 2, "z": 3}), list("xyz")) == (-1, 0)

@@ -21,16 +21,38 @@ def test_restart_reloads_programs_and_continues_the_segment(tok, tmp_path: Path)
     with TestClient(create_app(build_gateway({"e": engine}, tok, db, ADMIN, "tiny"))) as c:
         prog = new_program(c)
         api = openai.OpenAI(base_url="http://testserver/v1", api_key=prog["api_key"], http_client=c)
-        msgs.append(api.chat.completions.create(model="tiny", messages=msgs).choices[0].message.model_dump())
+        for text in ("one", "two"):  # the state reloaded is the second turn's, not the first's
+            msgs.append(
+                api.chat.completions.create(model="tiny", messages=msgs).choices[0].message.model_dump()
+            )
+            msgs.append({"role": "user", "content": text})
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
-    msgs.append({"role": "user", "content": "again"})
     with TestClient(create_app(build_gateway({"e": engine}, tok, db, ADMIN, "tiny"))) as c:
         api = openai.OpenAI(base_url="http://testserver/v1", api_key=prog["api_key"], http_client=c)
         api.chat.completions.create(model="tiny", messages=msgs)
         body = c.get(f"/programs/{prog['id']}/trajectory", headers={"x-api-key": ADMIN}).json()
     traj = Trajectory.model_validate(body)
-    assert traj.num_turns == 2 and len(traj.segments) == 1
-    assert engine.prompts[1][: len(engine.prompts[0])] == engine.prompts[0]
+    assert traj.num_turns == 3 and len(traj.segments) == 1
+    second = traj.segments[0].turns[1]
+    assert engine.prompts[2][: len(second.prompt_ids)] == second.prompt_ids == engine.prompts[1]
+    assert engine.prompts[2][len(second.prompt_ids) :][: len(second.completion_ids)] == second.completion_ids
+
+
+def test_a_conversation_whose_turn_row_is_gone_is_not_reloaded(tok, tmp_path: Path) -> None:
+    """A damaged journal must not hand the next turn guessed ids: it renders afresh instead."""
+    db = tmp_path / "j.db"
+    engine = ScriptedBackend(tok)
+    msgs: list[dict] = [{"role": "user", "content": "hi"}]
+    with TestClient(create_app(build_gateway({"e": engine}, tok, db, ADMIN, "tiny"))) as c:
+        prog = new_program(c)
+        api = openai.OpenAI(base_url="http://testserver/v1", api_key=prog["api_key"], http_client=c)
+        msgs.append(api.chat.completions.create(model="tiny", messages=msgs).choices[0].message.model_dump())
+    journal = SqliteJournal(db)
+    assert set(journal.load_conversations()) == {prog["id"]}
+    assert journal.load_conversations(only=set()) == {}  # finished programs' states are not read
+    journal._db.execute("DELETE FROM turns")
+    assert journal.load_conversations() == {}
+    journal.close()
 
 
 async def test_group_commit_keeps_order_and_outlives_a_cancelled_waiter(tmp_path: Path) -> None:

@@ -24,8 +24,9 @@ from rollyard.core.errors import ConfigError
 
 def answer(body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's non-streamed completion for ``body`` (token-id prompt, ``return_token_ids``)."""
-    prompt = body.get("prompt")
-    if not isinstance(prompt, list) or not prompt or body.get("stream"):
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    ok = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
+    if not ok or body.get("stream"):
         raise ConfigError("the canned engine answers non-streamed token-id prompts only")
     n = int(body.get("max_tokens") or 16)
     rng = random.Random(hash(tuple(prompt)))

@@ -181,8 +181,11 @@ class SqliteJournal:
             rows = self._db.execute("SELECT body FROM programs ORDER BY rowid").fetchall()
         return [Program.model_validate_json(r[0]) for r in rows]
 
-    def load_conversations(self) -> dict[str, ConversationState]:
-        """Each program's conversation state, its ids taken from the turn it ends with."""
+    def load_conversations(self, only: set[str] | None = None) -> dict[str, ConversationState]:
+        """Each program's conversation state (of the programs in ``only``, if given), its ids
+        taken from the turn it ends with. A state whose turn row is missing (a damaged or edited
+        journal) is left out, with a warning: the program's next request then renders afresh
+        (a new segment), where guessed ids would have made a wrong prompt look like a match."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT c.program_id, c.body, t.body FROM conversations c LEFT JOIN turns t "
@@ -190,9 +193,15 @@ class SqliteJournal:
             ).fetchall()
         out = {}
         for pid, body, turn_body in rows:
+            if only is not None and pid not in only:
+                continue
+            state = json.loads(body)
+            if turn_body is None and "prompt_ids" not in state:
+                log.warning("journal: program %s's conversation ends at a turn it does not hold", pid)
+                continue
             turn = json.loads(turn_body) if turn_body is not None else {}
             ids = turn.get("prompt_ids", []), turn.get("completion_ids", [])
-            out[pid] = ConversationState.from_json(json.loads(body), *ids)
+            out[pid] = ConversationState.from_json(state, *ids)
         return out
 
     # turns ----------------------------------------------------------------

@@ -60,9 +60,7 @@ class Gateway:
         self.model_name, self.strict_model = model_name, strict_model
         self.divided = divided  # None: every generation runs in one piece
         live = {p.id for p in programs.all() if not p.state.is_over}
-        self.conversations: dict[str, ConversationState] = {
-            pid: s for pid, s in journal.load_conversations().items() if pid in live
-        }
+        self.conversations: dict[str, ConversationState] = journal.load_conversations(only=live)
         self._locks: dict[str, asyncio.Lock] = {}
         programs.on_create(
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
