@@ -86,7 +86,6 @@ def test_overrides_set_dotted_keys_as_yaml_scalars(tmp_path: Path) -> None:
             {"agent.kind": "blackbox", "agent.profile": "nope", "sft.enabled": False},
             "no runner profile 'nope'",
         ),
-        ({"agent.kind": "blackbox", "agent.profile": "openai"}, "disable sft"),
         (
             {
                 "agent.kind": "blackbox",
@@ -98,13 +97,18 @@ def test_overrides_set_dotted_keys_as_yaml_scalars(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_blackbox_agent_needs_a_known_profile_no_sft_and_no_ray(
+def test_a_blackbox_agent_needs_a_known_profile_and_no_ray(
     overrides: dict[str, object], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         builtin_config("demo", overrides)
     ok = builtin_config("demo", {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False})
     assert ok.agent.profile == "openai"
+
+
+def test_a_blackbox_agent_may_warm_start_on_its_own_prompts() -> None:
+    cfg = builtin_config("demo", {"agent.kind": "blackbox", "agent.profile": "codex", "sft.enabled": True})
+    assert cfg.sft.enabled and cfg.agent.profile == "codex"
 
 
 def test_sync_mode_seer_policy_and_divided_rollout_are_config_keys(tmp_path: Path) -> None:

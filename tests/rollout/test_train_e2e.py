@@ -240,3 +240,45 @@ async def test_held_out_evaluation_reports_what_the_agent_did_first(
     for k, v in evals[0].items():
         if k.startswith("eval_first_"):
             assert sum(first_call(t) == k.removeprefix("eval_first_") for t in step0) == round(v * 4)
+
+
+async def test_a_cli_warm_start_teaches_mini_swe_agent_to_end_its_turn_and_submit(
+    tmp_path: Path, make_config: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sft.enabled`` with a black-box CLI: mini-SWE-agent runs on the base model (the random
+    model's turns are cut at max_tokens), its recorded prompts are answered with its submit
+    command and the end-of-turn token, and after the warm start the run's programs end their
+    turn themselves (finish ``stop``), submit at once and exit 0."""
+    from rollyard.agents.install import install
+    from rollyard.core.trajectory import FinishReason
+
+    monkeypatch.setenv("ROLLYARD_CACHE", os.environ.get("ROLLYARD_CACHE", str(AGENT_CACHE)))
+    install("mini-swe-agent")
+    cfg = make_config(
+        **{
+            "agent.kind": "blackbox",
+            "agent.profile": "mini-swe-agent",
+            "agent.max_tokens": 64,  # room for the 49-token submit call
+            "sft.enabled": True,
+            "sft.demos": 4,  # ~12 prompts; ~100 steps at 2e-3 take the 49-token reply to loss ~0.001
+            "sft.epochs": 34,
+            "sft.batch": 4,
+            "sft.lr": 2e-3,
+            "run.steps": 1,
+        }
+    )
+    run = RunDir(tmp_path / "run")
+    await train(cfg, run)
+    before = SqliteJournal(run.root / "sft" / "journal.db")
+    try:
+        base = [t for i in before.program_ids() for t in before.trajectory(i).turns]
+    finally:
+        before.close()
+    assert base and all(t.finish_reason == FinishReason.LENGTH for t in base)  # the random model
+    demos = (run.root / "sft" / "demos.jsonl").read_text().splitlines()
+    assert len(demos) == len(base)  # one demonstration per recorded prompt
+    trajs = read_parquet(run.trajectory_file(1))
+    assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
+    for t in trajs:
+        assert [turn.finish_reason for turn in t.turns] == [FinishReason.STOP], t.turns[-1].finish_reason
+        assert t.outcome is not None and t.outcome.details.get("agent_status") == "exited", t.outcome

@@ -72,19 +72,23 @@ def _cpu_seconds(pid: int) -> float:
 
 @contextlib.contextmanager
 def _engine(
-    kv_tokens: int = 16384, startup_timeout_s: float = 300.0, max_model_len: int = 2048
+    kv_tokens: int = 16384,
+    startup_timeout_s: float = 300.0,
+    max_model_len: int = 2048,
+    model_dir: Path | None = None,
 ) -> Iterator[tuple[str, Path]]:
-    """The benches' engine: the tiny model on a fresh local vLLM, or the one named by
-    ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` (then ``kv_tokens`` is its own)."""
+    """The benches' engine: the tiny model (or ``model_dir``) on a fresh local vLLM, or the one
+    named by ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` (then ``kv_tokens`` is
+    its own)."""
     url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
-    if url and model:
+    if url and model and model_dir is None:
         yield url, Path(model)
         return
     from rollyard.engines.launcher import VLLMServer
     from rollyard.engines.tiny_model import create_model
 
     with tempfile.TemporaryDirectory() as d:
-        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
+        model_dir = model_dir or create_model(Path(d) / "tiny", seed=0, size="tiny")
         with VLLMServer(
             model_dir,
             kv_tokens=kv_tokens,

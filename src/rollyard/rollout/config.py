@@ -210,7 +210,9 @@ class TrainerConfig(TrainConfig):
 
 
 class SftConfig(_Section):
-    """Warm start on scripted-solver demonstrations (deliberately imperfect)."""
+    """Warm start on scripted-solver demonstrations (deliberately imperfect). With a blackbox
+    agent: ``demos`` programs of the CLI on the base model, each recorded prompt answered with
+    the profile's ``finish`` reply and the end-of-turn token (``mistake_prob`` unused)."""
 
     enabled: bool = False
     demos: int = Field(default=128, ge=1)
@@ -305,10 +307,6 @@ class Config(_Section):
                 )
             if self.agent.context is not None or self.agent.tool_choice != "auto":
                 raise ValueError("agent.context and agent.tool_choice configure the whitebox agent only")
-            if self.sft.enabled:
-                raise ValueError(
-                    "sft demonstrations are white-box tool calls; disable sft with a blackbox agent"
-                )
         return self
 
 

@@ -25,6 +25,7 @@ from rollyard.rollout.prepare import ensure_model, ensure_tasks
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, make_provider, open_services
 from rollyard.rollout.sft import warm_start
+from rollyard.rollout.sft_blackbox import cli_warm_start
 from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -118,14 +119,17 @@ async def train(
     train_tasks, held_out = await ensure_tasks(cfg, run.root, provider)
     start = ensure_model(cfg)
     if cfg.sft.enabled:
-        say(
-            {
-                "event": "phase",
-                "phase": "sft",
-                "detail": f"{cfg.sft.demos} demonstrations, {cfg.sft.epochs} epochs",
-            }
+        blackbox = cfg.agent.kind == "blackbox"
+        what = (
+            f"{cfg.sft.demos} {cfg.agent.profile} programs' prompts"
+            if blackbox
+            else f"{cfg.sft.demos} demonstrations"
         )
-        start = await warm_start(train_tasks, provider, start, run.root, cfg)
+        say({"event": "phase", "phase": "sft", "detail": f"{what}, {cfg.sft.epochs} epochs"})
+        if blackbox:  # the CLI's own prompts, answered with a finished turn
+            start = await cli_warm_start(train_tasks, start, run.root, cfg)
+        else:
+            start = await warm_start(train_tasks, provider, start, run.root, cfg)
     say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
     trainer = build_trainer(cfg, start)
     try:

@@ -329,6 +329,8 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
     with on_forced_exit(lambda: kill_servers(starting)):
         fleet = await _start_engines(cfg, run_dir, weights, version, starting)
         try:
+            if cfg.engine.urls:  # an attached engine serves what it last loaded, maybe not ``weights``
+                await asyncio.gather(*(b.load_weights(str(weights), version) for b in fleet.backends))
             gw = await start_gateway(cfg, run_dir, fleet, weights, uds=cfg.agent.kind == "blackbox")
             try:
                 provider = make_provider(cfg, run_dir)

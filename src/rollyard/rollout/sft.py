@@ -126,16 +126,15 @@ def write_demonstrations(samples: list[Sample], path: Path) -> Path:
     return path
 
 
-async def warm_start(
-    tasks: list[Task], provider: SandboxProvider, base_dir: Path, run_dir: Path, cfg: Config
-) -> Path:
-    """The SFT model dir under the run dir (made once; a resumed run reuses it)."""
-    out_root = run_dir / "sft"
+def finished_warm_start(out_root: Path) -> Path | None:
+    """The newest SFT model under ``out_root``, if a warm start already made one (resume)."""
     done = sorted(p for p in out_root.glob("v*") if (p / "config.json").is_file())
-    if done:
-        return done[-1]
-    seed = cfg.run.seed
-    samples = await demonstrations(tasks, provider, base_dir, cfg, seed)
+    return done[-1] if done else None
+
+
+async def train_demonstrations(samples: list[Sample], base_dir: Path, out_root: Path, cfg: Config) -> Path:
+    """Write ``samples`` under ``out_root`` and train ``sft.epochs`` over them on the trainer's
+    SFT path; returns the new model dir."""
     log.info("sft demonstrations=%d tokens=%d", len(samples), sum(len(s.token_ids) for s in samples))
     data = write_demonstrations(samples, out_root / "demos.jsonl")
     steps = math.ceil(len(samples) * cfg.sft.epochs / cfg.sft.batch)
@@ -147,8 +146,19 @@ async def warm_start(
         steps=steps,
         batch_size=cfg.sft.batch,
         lr=cfg.sft.lr,
-        seed=seed,
+        seed=cfg.run.seed,
         token_budget=cfg.trainer.token_budget,
     )
     log.info("sft done steps=%d final_loss=%.4f", result["steps"], result["losses"][-1])
     return Path(result["weights"])
+
+
+async def warm_start(
+    tasks: list[Task], provider: SandboxProvider, base_dir: Path, run_dir: Path, cfg: Config
+) -> Path:
+    """The SFT model dir under the run dir (made once; a resumed run reuses it)."""
+    out_root = run_dir / "sft"
+    if (done := finished_warm_start(out_root)) is not None:
+        return done
+    samples = await demonstrations(tasks, provider, base_dir, cfg, cfg.run.seed)
+    return await train_demonstrations(samples, base_dir, out_root, cfg)

@@ -13,6 +13,7 @@ import re
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -36,6 +37,18 @@ class OutputSource(StrEnum):
     FILE = "file"
 
 
+class FinishReply(BaseModel):
+    """A short, well-formed last reply for this CLI: what the SFT warm start teaches a model to
+    answer its prompts with, then end its turn. Plain text by default (the CLI sees a completed
+    turn without a tool call); a CLI that finishes through a tool names the call."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = "Done."
+    tool: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class RunnerProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +63,7 @@ class RunnerProfile(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)
     hygiene: list[str] = Field(default_factory=list)  # globs removed after the run
     install: str | None = None  # a CLI of `rollyard agents install` the command runs
+    finish: FinishReply = Field(default_factory=FinishReply)  # the warm start's last reply
 
     @field_validator("files", "hygiene", mode="after")
     @classmethod
