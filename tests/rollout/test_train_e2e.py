@@ -279,6 +279,9 @@ async def test_a_cli_warm_start_teaches_mini_swe_agent_to_end_its_turn_and_submi
     assert len(demos) == len(base)  # one demonstration per recorded prompt
     trajs = read_parquet(run.trajectory_file(1))
     assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
-    for t in trajs:
-        assert [turn.finish_reason for turn in t.turns] == [FinishReason.STOP], t.turns[-1].finish_reason
+    for t in trajs:  # every turn ends with the model's own end of turn, and the CLI exits 0
+        assert t.turns and all(turn.finish_reason == FinishReason.STOP for turn in t.turns), t.turns
         assert t.outcome is not None and t.outcome.details.get("agent_status") == "exited", t.outcome
+    # Sampled at T = 1, a reply can still miss the submit command's exact text (mini-SWE-agent then
+    # asks again: CI once saw one program take 3 turns, all ending `stop`); most submit at once.
+    assert sum(t.num_turns == 1 for t in trajs) * 2 >= len(trajs), [t.num_turns for t in trajs]
