@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from rollyard.bench._floor_proxy import read_body
 from rollyard.core.errors import ConfigError
 
 
@@ -67,12 +68,7 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        raw = await read_body(receive)
         status, out, kind = 200, b"", b"application/json"
         path = scope["path"]
         if path == "/v1/completions":

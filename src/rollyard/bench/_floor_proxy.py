@@ -17,6 +17,16 @@ import aiohttp
 import uvicorn
 
 
+async def read_body(receive: Any) -> bytes:
+    """The whole request body of a raw ASGI request (the relay's and the canned engine's)."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 def make_app(engine_url: str) -> Any:
     """A raw ASGI app (no framework): read the body, post it upstream, send the answer back."""
     session: aiohttp.ClientSession | None = None
@@ -25,18 +35,13 @@ def make_app(engine_url: str) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         nonlocal session
         if scope["type"] == "lifespan":
-            while (msg := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             if session is not None:
                 await session.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         if session is None:
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096))
         headers = {"content-type": "application/json"}
