@@ -248,7 +248,7 @@ async def test_a_cli_warm_start_teaches_mini_swe_agent_to_end_its_turn_and_submi
     """``sft.enabled`` with a black-box CLI: mini-SWE-agent runs on the base model (the random
     model's turns are cut at max_tokens), its recorded prompts are answered with its submit
     command and the end-of-turn token, and after the warm start the run's programs end their
-    turn themselves (finish ``stop``), submit at once and exit 0."""
+    turn themselves (finish ``stop``), most submit at once and exit 0."""
     from rollyard.agents.install import install
     from rollyard.core.trajectory import FinishReason
 
@@ -279,9 +279,12 @@ async def test_a_cli_warm_start_teaches_mini_swe_agent_to_end_its_turn_and_submi
     assert len(demos) == len(base)  # one demonstration per recorded prompt
     trajs = read_parquet(run.trajectory_file(1))
     assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
-    for t in trajs:  # every turn ends with the model's own end of turn, and the CLI exits 0
-        assert t.turns and all(turn.finish_reason == FinishReason.STOP for turn in t.turns), t.turns
-        assert t.outcome is not None and t.outcome.details.get("agent_status") == "exited", t.outcome
-    # Sampled at T = 1, a reply can still miss the submit command's exact text (mini-SWE-agent then
-    # asks again: CI once saw one program take 3 turns, all ending `stop`); most submit at once.
+    # Sampled at T = 1, a reply can still miss: CI once saw a program take 3 turns (a reply missed
+    # the submit text and mini-SWE-agent asked again) and once a reply that ran on past the submit
+    # command to max_tokens. The base model ends no turn itself; after the warm start most do.
+    turns = [turn for t in trajs for turn in t.turns]
+    stops = sum(turn.finish_reason == FinishReason.STOP for turn in turns)
+    assert stops * 2 > len(turns), [turn.finish_reason for turn in turns]
+    exited = [t.outcome is not None and t.outcome.details.get("agent_status") == "exited" for t in trajs]
+    assert sum(exited) * 4 >= 3 * len(trajs), [t.outcome for t in trajs]
     assert sum(t.num_turns == 1 for t in trajs) * 2 >= len(trajs), [t.num_turns for t in trajs]
