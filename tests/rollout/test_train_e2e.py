@@ -274,14 +274,17 @@ async def test_a_cli_warm_start_teaches_mini_swe_agent_to_end_its_turn_and_submi
         base = [t for i in before.program_ids() for t in before.trajectory(i).turns]
     finally:
         before.close()
-    assert base and all(t.finish_reason == FinishReason.LENGTH for t in base)  # the random model
+    # the random model: nearly every turn cut at max_tokens (at T = 1 it samples its end-of-turn
+    # token now and then: CI saw one of ~12 base turns end `stop`)
+    assert base and sum(t.finish_reason == FinishReason.LENGTH for t in base) * 4 >= 3 * len(base), base
     demos = (run.root / "sft" / "demos.jsonl").read_text().splitlines()
     assert len(demos) == len(base)  # one demonstration per recorded prompt
     trajs = read_parquet(run.trajectory_file(1))
     assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
     # Sampled at T = 1, a reply can still miss: CI once saw a program take 3 turns (a reply missed
     # the submit text and mini-SWE-agent asked again) and once a reply that ran on past the submit
-    # command to max_tokens. The base model ends no turn itself; after the warm start most do.
+    # command to max_tokens. The base model ends at most a quarter of its turns; after the warm start
+    # most end.
     turns = [turn for t in trajs for turn in t.turns]
     stops = sum(turn.finish_reason == FinishReason.STOP for turn in turns)
     assert stops * 2 > len(turns), [turn.finish_reason for turn in turns]
