@@ -23,6 +23,7 @@ from rollyard.gateway.breaker import CircuitBreaker, ErrorBudget
 from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
 from rollyard.gateway.guard import GuardedBackend, GuardMetrics
+from rollyard.gateway.hot_path import GatewayApp
 from rollyard.gateway.idle import IdlePrograms, reap_forever
 from rollyard.gateway.limits import BodyLimit
 from rollyard.gateway.metrics import GatewayMetrics, watch_loop_lag
@@ -108,7 +109,8 @@ def create_app(
             await gateway.pool.aclose()
             gateway.journal.close()
 
-    app = FastAPI(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="rollyard gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.max_body_bytes = limits.max_body_bytes  # the model endpoints' short way checks it too
     app.state.gateway = gateway
     app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
     app.state.idle = idle

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from rollyard.gateway.edge import FastJSONResponse, caller
 
 
-def _body_model(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
+def body_model(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
     """The type of the endpoint's ``body`` parameter, if it has one."""
     model = typing.get_type_hints(endpoint).get("body")
     if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -45,7 +45,7 @@ class ModelRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         endpoint = self.endpoint
-        model = _body_model(endpoint)
+        model = body_model(endpoint)
         if model is None:
             return super().get_route_handler()
         calls = [d.call for d in self.dependant.dependencies]
