@@ -28,6 +28,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from rollyard.gateway.limits import declared_length
 from rollyard.gateway.model_route import ModelRoute, body_model
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -75,14 +76,9 @@ class GatewayApp(FastAPI):
         return None if hit is None else (*hit, {})
 
     def _in_bounds(self, scope: Scope) -> bool:
-        """A declared ``Content-Length`` within the limit (the first one, as ``BodyLimit`` reads)."""
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    return int(value) <= self.max_body_bytes
-                except ValueError:
-                    return False
-        return False
+        """A declared ``Content-Length`` within the limit (read as ``BodyLimit`` reads it)."""
+        declared = declared_length(scope)
+        return declared is not None and declared <= self.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -47,6 +47,17 @@ class StrictRoute(APIRoute):
         return strict
 
 
+def declared_length(scope: Scope) -> int | None:
+    """The request's first ``Content-Length``; None when it has none or it is unreadable."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
 def _too_large(limit: int) -> str:
     return f"request body is larger than the gateway's limit of {limit} bytes (--max-body-bytes)"
 
@@ -62,21 +73,17 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    break  # unreadable: count what arrives
-                if declared > limit:
-                    resp = error_response(scope["path"], 413, _too_large(limit), "request_too_large")
-                    resp.headers["connection"] = "close"  # the unread body makes the connection unusable
-                    await resp(scope, receive, send)
-                    return
-                # The HTTP parser delivers no more than the declared length: nothing to count.
-                await self.app(scope, receive, send)
+        declared = declared_length(scope)
+        if declared is not None:
+            if declared > limit:
+                resp = error_response(scope["path"], 413, _too_large(limit), "request_too_large")
+                resp.headers["connection"] = "close"  # the unread body makes the connection unusable
+                await resp(scope, receive, send)
                 return
-        seen = 0
+            # The HTTP parser delivers no more than the declared length: nothing to count.
+            await self.app(scope, receive, send)
+            return
+        seen = 0  # no readable length: count what arrives
 
         async def counted() -> Message:
             nonlocal seen
