@@ -193,10 +193,11 @@ def main(quick: bool = False) -> dict[str, Any]:
         policy_from_spec(spec)  # a bad spec fails here, not after the first live runs
     # A composition run validates only: its calibration and the 64-engine report stay sim.json's.
     val = validate(policies, quick, profile_name="sim-compose-cpu-tiny" if extra else "sim-cpu-tiny")
+    ranks = {key: rank_ok(v, policies) for key, v in (("", val), ("_pressure", val["pressure"]))}
     summary: dict[str, Any] = {
         "err_thr_fifo": val["fifo"]["err_thr"],
         "err_thr_ours": val[best]["err_thr"],
-        "rank_ok": rank_ok(val, policies)[0],
+        "rank_ok": ranks[""][0],
     }
     big = None if extra else scale(quick, list(dict.fromkeys(["fifo", best])))
     if big is not None:
@@ -211,9 +212,9 @@ def main(quick: bool = False) -> dict[str, Any]:
         "err_thr_fifo_pressure": val["pressure"]["fifo"]["err_thr"],
         "err_thr_ours_pressure": val["pressure"][best]["err_thr"],
     }
-    summary["rank_ok_pressure"] = rank_ok(val["pressure"], policies)[0]
+    summary["rank_ok_pressure"] = ranks["_pressure"][0]
     for key, v in (("", val), ("_pressure", val["pressure"])):
-        summary[f"pairs_resolved{key}"] = rank_ok(v, policies)[1]
+        summary[f"pairs_resolved{key}"] = ranks[key][1]
         summary[f"rank_strict{key}"] = rank_strict(v, policies)
     details = {"ours": best, "policies": policies, "quick": quick, "validation": val, "scale": big}
     if len(policies) == 1:
