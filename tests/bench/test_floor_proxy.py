@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rollyard.bench.gateway import _floor
+from rollyard.bench._procs import _floor
 
 pytestmark = pytest.mark.engine
 

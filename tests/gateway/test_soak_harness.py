@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from rollyard.bench.gateway import ADMIN
+from rollyard.bench._procs import ADMIN
 from rollyard.bench.soak import _run
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 

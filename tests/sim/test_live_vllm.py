@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rollyard.bench._procs import _gateway
 from rollyard.bench._sim_live import run_live
-from rollyard.bench.gateway import _gateway
 from rollyard.sched import make_policy
 from rollyard.sim import Simulation, load_workload
 from rollyard.sim.calibrate import calibrate

@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._procs import ADMIN, _engine, _gateway
 from rollyard.bench._report import loadavg, report
-from rollyard.bench.gateway import ADMIN, _engine, _gateway
 from rollyard.sandbox.base import SandboxProvider
 
 TASK = "Create a file named hello.txt that contains the word hello, then stop."

@@ -41,142 +41,26 @@ competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 program
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 
+from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _engine, _floor, _gateway
 from rollyard.bench._report import report
-from rollyard.core.net import free_port
 
-ADMIN = "bench-admin"
 MAX_TOKENS = 32
 # Temperature 1 (what RL rollouts use): the random tiny model, decoded greedily, often emits eos
 # first, which would turn the bench into a 1-token prefill test.
 SAMPLING = {"temperature": 1.0, "max_tokens": MAX_TOKENS}
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextlib.contextmanager
-def _engine(
-    kv_tokens: int = 16384,
-    startup_timeout_s: float = 300.0,
-    max_model_len: int = 2048,
-    model_dir: Path | None = None,
-) -> Iterator[tuple[str, Path]]:
-    """The benches' engine: the tiny model (or ``model_dir``) on a fresh local vLLM, or the one
-    named by ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` (then ``kv_tokens`` is
-    its own)."""
-    url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
-    if url and model and model_dir is None:
-        yield url, Path(model)
-        return
-    from rollyard.engines.launcher import VLLMServer
-    from rollyard.engines.tiny_model import create_model
-
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = model_dir or create_model(Path(d) / "tiny", seed=0, size="tiny")
-        with VLLMServer(
-            model_dir,
-            kv_tokens=kv_tokens,
-            max_model_len=max_model_len,
-            served_name="tiny",
-            startup_timeout_s=startup_timeout_s,
-        ) as server:
-            yield server.url, model_dir
-
-
-def _healthy(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(f"{url}/health").status_code == 200
-    return False
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
-
-
-def _wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Poll ``ready`` until it holds; a process that never comes up fails here, by name."""
-    deadline = time.monotonic() + timeout_s
-    while not ready():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not come up within {timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -> Iterator[tuple[str, int]]:
-    """A ``rollyard gateway`` process on a free port: (url, pid); ``extra`` adds CLI flags."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as state:
-        cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url]
-        cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
-        cmd += ["--model-name", "tiny", "--capacity", "1024", *(extra or [])]
-        env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_until(lambda: _healthy(url), "the gateway")
-            yield url, proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(15)
-
-
-@contextlib.contextmanager
-def _canned() -> Iterator[tuple[str, Path]]:
-    """``rollyard.bench._canned_engine`` in its own process, and a tiny model for the tokenizer."""
-    from rollyard.engines.tiny_model import create_model
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "rollyard.bench._canned_engine", "--port", str(port)]
-    with tempfile.TemporaryDirectory() as d:
-        model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_until(lambda: _healthy(url), "the canned engine")
-            yield url, model_dir
-        finally:
-            proc.terminate()
-            proc.wait(15)
-
-
 def canned() -> bool:
     """``ROLLYARD_BENCH_GATEWAY_ENGINE=canned``: the canned engine in vLLM's place."""
     return os.environ.get("ROLLYARD_BENCH_GATEWAY_ENGINE", "vllm") == "canned"
-
-
-@contextlib.contextmanager
-def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
-    """``rollyard.bench._floor_proxy`` in its own process: (url, pid)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "rollyard.bench._floor_proxy", "--engine", engine_url, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    try:
-        _wait_until(lambda: _listening(port), "the floor relay")
-        yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 class Workload:

@@ -34,9 +34,9 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._procs import _engine, _gateway
 from rollyard.bench._report import RESULTS_DIR, loadavg, report
 from rollyard.bench._sim_live import run_live
-from rollyard.bench.gateway import _engine, _gateway
 from rollyard.sched import make_policy, policy_from_spec, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
 from rollyard.sim.report import write_report
