@@ -26,6 +26,9 @@ def test_a_short_soak_has_no_errors_no_resets_and_frees_finished_programs(
     assert res["programs_finished"] >= 16
     # The gateway's loop lag over the run, from its /metrics (a probe wakes every 0.1 s).
     assert res["loop_lag_samples"] >= 30 and 0 < res["loop_lag_p50_ms"] <= res["loop_lag_p99_ms"], res
+    # The measured thread's scheduling (here the test's own main thread: it ran the clients).
+    assert 0 < res["loop_thread_cpu_share"] <= 1.05 and res["loop_thread_runq_wait_share"] >= 0, res
+    assert res["loop_thread_runq_wait_ms_mean"] >= 0, res
     # Every finished program's in-memory state is gone; only those still mid-conversation (at
     # most one per client) and those the soak abandoned unfinished (freed by the idle TTL) remain.
     assert len(gw.conversations) <= 16 + res["programs_abandoned"], res

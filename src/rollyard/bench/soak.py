@@ -17,7 +17,10 @@ refused; the baseline beside it is ``/health`` p99 at other times; from the gate
 connection, engine calls retried, breaker openings, and the p50/p99 of the gateway's event-loop
 lag over the run (``rollyard_gateway_loop_lag_seconds``: a slow ``/health`` with a low loop lag
 is the host or the network, not work on the gateway's loop). The load average is recorded: on
-the shared 2-core machine the engine, the gateway and this client share cores.
+the shared 2-core machine the engine, the gateway and this client share cores. So is the loop
+thread's own scheduling (``/proc/PID/task/PID/schedstat``): its share of a core, and the share of
+the run it spent runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU
+pressure (PSI) beside it: a loop that waits for a CPU is late whatever its own work.
 """
 
 from __future__ import annotations
@@ -52,6 +55,23 @@ ABANDON_EVERY = 10  # every 10th program of a client is never finished
 IDLE_TTL_S = 300
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+def _schedstat(pid: int) -> tuple[float, float, int]:
+    """The gateway's event-loop thread (its main thread): seconds on a CPU, seconds runnable but
+    waiting for one, and how many times it was scheduled (``/proc/PID/task/PID/schedstat``)."""
+    run_ns, wait_ns, slices = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:3]
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices)
+
+
+def _host_cpu_pressure_s() -> float | None:
+    """Seconds in which some task on the host waited for a CPU (PSI ``some`` total); None
+    where the kernel has no pressure stall information."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return int(line.rsplit("total=", 1)[1]) / 1e6
 
 
 def _rss_mb(pid: int) -> float:
@@ -234,6 +254,7 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         progs = [await soak.new_program() for _ in range(programs)]
         register_s = time.perf_counter() - t
         lag0 = await asyncio.to_thread(_lag_buckets, url)
+        sched0, psi0 = _schedstat(pid), _host_cpu_pressure_s()
         start = time.perf_counter()
         soak.until = start + seconds
         share = [progs[i::concurrency] for i in range(concurrency)]
@@ -251,6 +272,8 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
             sample_rss(),
         )
         wall = time.perf_counter() - start
+        sched1, psi1 = _schedstat(pid), _host_cpu_pressure_s()
+    ran_s, waited_s, slices = (b - a for a, b in zip(sched0, sched1, strict=True))
     gauges = await asyncio.to_thread(_gauges, url)
     lag = await asyncio.to_thread(_lag_buckets, url)
     warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
@@ -281,6 +304,13 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         "loop_lag_p50_ms": 1000 * bucket_quantile(lag0, lag, 0.5),
         "loop_lag_p99_ms": 1000 * bucket_quantile(lag0, lag, 0.99),
         "loop_lag_samples": lag.get(math.inf, 0.0) - lag0.get(math.inf, 0.0),
+        # Whether a slow /health is the gateway's work or the host: the loop thread's share of a
+        # core, its share of the run spent runnable but waiting for a CPU (the engine, this
+        # client and the health poller share the cores), and that wait per scheduling.
+        "loop_thread_cpu_share": ran_s / wall,
+        "loop_thread_runq_wait_share": waited_s / wall,
+        "loop_thread_runq_wait_ms_mean": 1000 * waited_s / slices if slices else 0.0,
+        "host_cpu_pressure_share": (psi1 - psi0) / wall if psi0 is not None and psi1 is not None else None,
         **gauges,
     }
 
@@ -304,6 +334,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
         "loop_lag_p99_ms": res["loop_lag_p99_ms"],
+        "loop_runq_wait": res["loop_thread_runq_wait_share"],
         "load1": res["loadavg_after"][0],
         "idle_ended": res["programs_idle_ended"],
         "engine_resends": res["engine_resends"],
