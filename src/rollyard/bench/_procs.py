@@ -3,6 +3,12 @@ relay, each on a free port, started, waited for by name and stopped; and a proce
 
 ``rollyard bench gateway`` started these first; the sim, soak and agents benches (and tests that
 drive a real gateway process) use the same ones.
+
+Each runs in a session of its own, as a service started from its own shell (or unit) does, and
+as the vLLM launcher already starts the engine. Why it matters: with the kernel's autogroup
+scheduling (on by default), CPU time is shared between sessions first; a gateway in the bench's
+session shared one slice with the bench's own clients (256 of them in the soak), while the engine
+had a slice of its own.
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -
         cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
         cmd += ["--model-name", "tiny", "--capacity", "1024", *(extra or [])]
         env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_until(lambda: _healthy(url), "the gateway")
@@ -108,7 +114,7 @@ def _canned() -> Iterator[tuple[str, Path]]:
     cmd = [sys.executable, "-m", "rollyard.bench._canned_engine", "--port", str(port)]
     with tempfile.TemporaryDirectory() as d:
         model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_until(lambda: _healthy(url), "the canned engine")
@@ -123,7 +129,7 @@ def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
     """``rollyard.bench._floor_proxy`` in its own process: (url, pid)."""
     port = free_port()
     cmd = [sys.executable, "-m", "rollyard.bench._floor_proxy", "--engine", engine_url, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_until(lambda: _listening(port), "the floor relay")
         yield f"http://127.0.0.1:{port}", proc.pid
