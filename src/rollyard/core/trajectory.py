@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollyard.core.assemble import assemble
 from rollyard.core.events import ContextRewriteEvent, Event
 from rollyard.core.events import EventKind as EventKind  # re-exported: the old home
 from rollyard.core.ids import new_id
@@ -40,6 +41,24 @@ class TurnTimings(BaseModel):
     @property
     def latency(self) -> float:
         return self.finished - self.submitted
+
+
+# The fields ``Turn.of_valid_parts`` sets; ``loss_mask`` keeps its default, as in ``Turn(...)``.
+_GIVEN = frozenset(
+    (
+        "index",
+        "prompt_ids",
+        "completion_ids",
+        "completion_logprobs",
+        "policy_version",
+        "finish_reason",
+        "timings",
+        "engine",
+        "sampling",
+        "requested_sampling",
+        "flags",
+    )
+)
 
 
 class Turn(BaseModel):
@@ -85,6 +104,50 @@ class Turn(BaseModel):
             bad = next(lp for lp in self.completion_logprobs if not math.isfinite(lp) or lp > _LOGPROB_MAX)
             raise ValueError(f"turn {self.index}: logprob {bad!r} is not a finite value <= 0")
         return self
+
+    @classmethod
+    def of_valid_parts(
+        cls,
+        *,
+        index: int,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        completion_logprobs: list[float],
+        policy_version: int,
+        finish_reason: FinishReason,
+        timings: TurnTimings,
+        engine: str | None,
+        sampling: dict[str, Any],
+        requested_sampling: dict[str, Any],
+        flags: list[str],
+    ) -> Turn:
+        """The turn of parts whose types are right already: the gateway's prompt ids (its
+        tokenizer's, or a validated request body's) and the engine's validated ``Completion``.
+
+        Pydantic does not walk every id and logprob a second time on the event loop; the turn's
+        invariants (``_check`` and the two bounds) are still checked, and a turn that fails them
+        is built the validated way, so it raises the very error it always did."""
+        fields: dict[str, Any] = {
+            "index": index,
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "completion_logprobs": completion_logprobs,
+            "loss_mask": None,
+            "policy_version": policy_version,
+            "finish_reason": finish_reason,
+            "timings": timings,
+            "engine": engine,
+            "sampling": sampling,
+            "requested_sampling": requested_sampling,
+            "flags": flags,
+        }
+        if index >= 0 and policy_version >= 0:
+            turn = assemble(cls, fields, fields_set=set(_GIVEN))
+            try:
+                return turn._check()
+            except ValueError:
+                pass
+        return cls(**fields)
 
     @property
     def mask(self) -> list[int]:
