@@ -41,6 +41,12 @@ def test_turn_rejects_negative_token_ids() -> None:
             Turn(prompt_ids=prompt, completion_ids=completion, completion_logprobs=[-0.5] * len(completion))
 
 
+def test_turn_token_ids_past_64_bits_are_not_negative() -> None:
+    assert Turn(prompt_ids=[1, 2**70], completion_ids=[2**64], completion_logprobs=[-0.5])
+    with pytest.raises(ValueError, match="negative token id"):
+        Turn(prompt_ids=[2**70, -1], completion_ids=[], completion_logprobs=[])
+
+
 def test_turn_rejects_empty_prompt_and_bad_mask() -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         Turn(prompt_ids=[], completion_ids=[2], completion_logprobs=[-1.0])
@@ -82,6 +88,7 @@ def test_turn_of_valid_parts_is_the_validated_turn() -> None:
         {"prompt_ids": [1, -2]},
         {"completion_ids": [4, -5]},
         {"index": -1},
+        {"prompt_ids": [1, "x"]},
         {"policy_version": -1},
     ],
 )

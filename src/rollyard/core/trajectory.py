@@ -9,6 +9,7 @@ on construction, so a silent re-tokenization cannot get into training data. A hi
 from __future__ import annotations
 
 import math
+from array import array
 from enum import StrEnum
 from typing import Any
 
@@ -23,6 +24,16 @@ SCHEMA_VERSION = 1
 
 # Engines return log-probabilities <= 0; allow float noise above zero.
 _LOGPROB_MAX = 1e-4
+
+
+def _non_negative(ids: list[int]) -> bool:
+    """No id below 0. An unsigned array refuses a negative one as it copies them in, about
+    twice as fast as ``min`` (4k ids: ~70 -> ~30 us); an id past 64 bits is left to ``min``."""
+    try:
+        array("L", ids)
+    except OverflowError:
+        return min(ids) >= 0
+    return True
 
 
 class FinishReason(StrEnum):
@@ -93,9 +104,9 @@ class Turn(BaseModel):
                 raise ValueError(f"turn {self.index}: loss mask must be 0/1")
         if not self.prompt_ids:
             raise ValueError(f"turn {self.index}: empty prompt")
-        # min/max over the lists run in C: a turn is built on the gateway's event loop for every
-        # call, and a generator over a 4k-token agent prompt cost ~150 us of it.
-        if min(self.prompt_ids) < 0 or (n and min(self.completion_ids) < 0):
+        # The checks run in C: a turn is built on the gateway's event loop for every call, and a
+        # generator over a 4k-token agent prompt cost ~150 us of it.
+        if not (_non_negative(self.prompt_ids) and _non_negative(self.completion_ids)):
             raise ValueError(f"turn {self.index}: negative token id")
         if n and not (
             max(self.completion_logprobs) <= _LOGPROB_MAX
@@ -126,7 +137,8 @@ class Turn(BaseModel):
 
         Pydantic does not walk every id and logprob a second time on the event loop; the turn's
         invariants (``_check`` and the two bounds) are still checked, and a turn that fails them
-        is built the validated way, so it raises the very error it always did."""
+        is built the validated way, so it raises the very error it always did (a part of the
+        wrong type, which ``_check`` may trip over, is handled that way too)."""
         fields: dict[str, Any] = {
             "index": index,
             "prompt_ids": prompt_ids,
@@ -145,7 +157,7 @@ class Turn(BaseModel):
             turn = assemble(cls, fields, fields_set=set(_GIVEN))
             try:
                 return turn._check()
-            except ValueError:
+            except (TypeError, ValueError):
                 pass
         return cls(**fields)
 
