@@ -55,9 +55,17 @@ class Message:
 
         Ignored: tool-call ids, argument whitespace and key order, None vs "" content,
         surrounding whitespace of assistant text, and reasoning the client did not echo back.
+
+        Kept once made: a conversation state's messages are compared with the next request's
+        on every turn, each tool call's arguments re-dumped as sorted JSON; a 100-message
+        history cost ~450 us of the event loop per turn, half of it for the state's side.
         """
-        text = self.content.strip() if self.role == "assistant" else self.content
-        return (self.role, text, tuple(c.canonical() for c in self.tool_calls))
+        made: tuple[Any, ...] | None = self.__dict__.get("_canonical")
+        if made is None:
+            text = self.content.strip() if self.role == "assistant" else self.content
+            made = (self.role, text, tuple(c.canonical() for c in self.tool_calls))
+            object.__setattr__(self, "_canonical", made)  # not a field: eq, hash, repr ignore it
+        return made
 
     def same_as_returned(self, returned: Message) -> bool:
         """True when this (echoed) message is the assistant message the gateway returned."""
