@@ -7,8 +7,10 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from rollyard.core import EventKind, Sample, Segment, Trajectory, Turn
+from rollyard.core import EventKind, FinishReason, Sample, Segment, Trajectory, Turn
+from rollyard.core.trajectory import TurnTimings
 
 
 def turn(prompt: list[int], completion: list[int], index: int = 0, version: int = 0) -> Turn:
@@ -39,11 +41,63 @@ def test_turn_rejects_negative_token_ids() -> None:
             Turn(prompt_ids=prompt, completion_ids=completion, completion_logprobs=[-0.5] * len(completion))
 
 
+def test_turn_token_ids_past_64_bits_are_not_negative() -> None:
+    assert Turn(prompt_ids=[1, 2**70], completion_ids=[2**64], completion_logprobs=[-0.5])
+    with pytest.raises(ValueError, match="negative token id"):
+        Turn(prompt_ids=[2**70, -1], completion_ids=[], completion_logprobs=[])
+
+
 def test_turn_rejects_empty_prompt_and_bad_mask() -> None:
     with pytest.raises(ValueError, match="empty prompt"):
         Turn(prompt_ids=[], completion_ids=[2], completion_logprobs=[-1.0])
     with pytest.raises(ValueError, match="mask"):
         Turn(prompt_ids=[1], completion_ids=[2], completion_logprobs=[-1.0], loss_mask=[2])
+
+
+def _parts(**change: object) -> dict[str, object]:
+    parts: dict[str, object] = {
+        "index": 2,
+        "prompt_ids": [1, 2, 3],
+        "completion_ids": [4, 5],
+        "completion_logprobs": [-0.5, -1.25],
+        "policy_version": 3,
+        "finish_reason": FinishReason.LENGTH,
+        "timings": TurnTimings(submitted=1.0, started=2.0, finished=3.5),
+        "engine": "e0",
+        "sampling": {"max_tokens": 2, "temperature": 1.0, "stop_token_ids": []},
+        "requested_sampling": {"max_tokens": 2},
+        "flags": ["constrained_decoding"],
+    }
+    return {**parts, **change}
+
+
+def test_turn_of_valid_parts_is_the_validated_turn() -> None:
+    built, assembled = Turn(**_parts()), Turn.of_valid_parts(**_parts())  # type: ignore[arg-type]
+    assert assembled == built
+    assert assembled.model_dump_json() == built.model_dump_json()
+    assert assembled.model_fields_set == built.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"completion_logprobs": [-0.5]},
+        {"completion_logprobs": [-0.5, math.nan]},
+        {"completion_logprobs": [-0.5, 0.5]},
+        {"prompt_ids": []},
+        {"prompt_ids": [1, -2]},
+        {"completion_ids": [4, -5]},
+        {"index": -1},
+        {"prompt_ids": [1, "x"]},
+        {"policy_version": -1},
+    ],
+)
+def test_turn_of_valid_parts_raises_what_turn_raises(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as built:
+        Turn(**_parts(**bad))
+    with pytest.raises(ValidationError) as assembled:
+        Turn.of_valid_parts(**_parts(**bad))  # type: ignore[arg-type]
+    assert str(assembled.value) == str(built.value)
 
 
 def test_segment_rejects_a_turn_that_does_not_extend_the_previous() -> None:

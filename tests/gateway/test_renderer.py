@@ -102,3 +102,15 @@ def test_a_history_without_the_returned_reply_is_a_rewrite_that_says_so(tok) -> 
     dropped = r.render(ChatRequest([*hist, Message("user", "format error: call a tool")]), state)
     assert not dropped.extends and dropped.rewrite_reason == "assistant_message_dropped"
     assert r.render(ChatRequest([*hist, returned]), state).rewrite_reason == "no_new_messages"
+
+
+def test_a_message_keeps_its_canonical_form_without_changing_what_it_equals() -> None:
+    def call() -> Message:
+        return Message("assistant", " hi ", (ToolCall("bash", {"b": 1, "a": [2]}, "call_1"),))
+
+    m = call()
+    first = m.canonical()
+    assert m.canonical() is first
+    assert first == call().canonical() == ("assistant", "hi", (("bash", '{"a":[2],"b":1}'),))
+    assert m == call() and repr(m) == repr(call())
+    assert tools_key([]) == "[]"

@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rollyard.core.assemble import assemble
+
 
 class EventKind(StrEnum):
     TOOL_CALL = "tool_call"  # the model called a tool (gateway, parsed from its completion)
@@ -138,7 +140,9 @@ class Event(BaseModel):
         already: the event is assembled without validating it a second time (the gateway makes
         one or more of these on its event loop for every model call)."""
         data = payload.model_dump(mode="json", exclude_defaults=True)
-        return cls.model_construct(kind=_KIND_OF[type(payload)], turn_index=turn_index, at=at, data=data)
+        return assemble(
+            cls, {"kind": _KIND_OF[type(payload)], "turn_index": turn_index, "at": at, "data": data}
+        )
 
     @property
     def payload(self) -> Any:

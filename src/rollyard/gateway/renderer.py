@@ -39,6 +39,8 @@ from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
 
 
 def tools_key(tools: list[Tool]) -> str:
+    if not tools:  # most requests: json.dumps([]) is "[]", without building an encoder (~2.5 us)
+        return "[]"
     return json.dumps([t.to_dict() for t in tools], sort_keys=True)
 
 

@@ -283,7 +283,7 @@ class Gateway:
             flags.append("constrained_decoding")
         if plan.closed_with_eos:
             flags.append("eos_appended_to_previous")
-        turn = Turn(
+        turn = Turn.of_valid_parts(
             index=index,
             prompt_ids=plan.prompt_ids,
             completion_ids=completion.token_ids,
