@@ -16,11 +16,16 @@ async def test_the_gateway_backend_reads_its_answers_and_refuses_what_it_cannot_
         try:
             one = await backend.generate([5, 6, 7], SamplingParams(max_tokens=12))
             again = await backend.generate([5, 6, 7], SamplingParams(max_tokens=12))
+            deltas = [d async for d in backend.stream([5, 6, 7], SamplingParams(max_tokens=12))]
             assert backend.max_model_len == 512
         finally:
             await backend.aclose()
         assert len(one.token_ids) == len(one.logprobs) == 12 and one.finish_reason.value == "length"
         assert one.token_ids == again.token_ids and all(lp < 0 for lp in one.logprobs)
+        # streamed: one delta per token, the same ids and logprobs, the finish reason on the last
+        assert [d.token_ids for d in deltas] == [[t] for t in one.token_ids]
+        assert [lp for d in deltas for lp in d.logprobs] == one.logprobs
+        assert [d.finish_reason for d in deltas][-2:] == [None, one.finish_reason]
         text = httpx.post(f"{url}/v1/completions", json={"prompt": "text, not ids"}, timeout=10)
         assert text.status_code == 400 and "token-id prompts" in text.json()["error"]["message"]
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200

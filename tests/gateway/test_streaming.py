@@ -14,6 +14,19 @@ from rollyard.gateway.streaming import TextStreamer, _partial_marker
 from rollyard.gateway.tokenizer import FastTokenizer
 
 
+def _partial_marker_by_suffixes(text: str, marker: str) -> int:
+    """The longest suffix of ``text`` that is a proper prefix of ``marker``, every length tried."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+@given(st.text(alphabet="<tol_ca>x", max_size=30), st.sampled_from([TOOL_CALL_OPEN, THINK_OPEN, "<<a"]))
+def test_the_partial_marker_is_the_longest_suffix_that_starts_the_marker(text: str, marker: str) -> None:
+    assert _partial_marker(text, marker) == _partial_marker_by_suffixes(text, marker)
+
+
 class WholeDecode:
     """The reference: decode every id so far at each delta (what TextStreamer did before)."""
 
@@ -33,7 +46,7 @@ class WholeDecode:
         if cut >= 0:
             self.held, safe = True, text[:cut]
         else:
-            safe = text[: len(text) - _partial_marker(text, TOOL_CALL_OPEN)]
+            safe = text[: len(text) - _partial_marker_by_suffixes(text, TOOL_CALL_OPEN)]
         safe = safe.rstrip("\ufffd")
         if not safe.startswith(self.sent):
             return ""

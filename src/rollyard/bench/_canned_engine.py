@@ -4,8 +4,10 @@
 the gateway's and the relay's CPU per request are measured without an engine taking the same
 two cores (on this machine a real vLLM made the relay's own CPU per request vary 2.4x between
 runs). Each answer has ``max_tokens`` token ids (seeded from the prompt, so the same prompt gets
-the same ids), a logprob per token, ``finish_reason: length``; ``/v1/models``, ``/health`` and
-an empty ``/metrics`` are enough for the gateway to start and poll it.
+the same ids), a logprob per token, ``finish_reason: length``; with ``stream`` the same answer
+comes as vLLM streams it, one server-sent event per token, then the usage and ``[DONE]``.
+``/v1/models``, ``/health`` and an empty ``/metrics`` are enough for the gateway to start and
+poll it.
 
     python -m rollyard.bench._canned_engine --port PORT [--max-model-len N]
 """
@@ -27,8 +29,8 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's non-streamed completion for ``body`` (token-id prompt, ``return_token_ids``)."""
     prompt = body.get("prompt") if isinstance(body, dict) else None
     ok = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
-    if not ok or body.get("stream"):
-        raise ConfigError("the canned engine answers non-streamed token-id prompts only")
+    if not ok:
+        raise ConfigError("the canned engine answers token-id prompts only")
     n = int(body.get("max_tokens") or 16)
     rng = random.Random(hash(tuple(prompt)))
     ids = [rng.randrange(100, 900) for _ in range(n)]
@@ -58,6 +60,28 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def stream_events(body: dict[str, Any]) -> list[bytes]:
+    """``answer(body)`` as vLLM streams it: an event per token (its id, logprob and text), the
+    last with the finish reason, then one with the usage, then ``[DONE]``."""
+    whole = answer(body)
+    choice = whole["choices"][0]
+    ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    head = {k: whole[k] for k in ("id", "object", "created", "model")}
+    events = []
+    for i, (t, lp) in enumerate(zip(ids, lps, strict=True)):
+        piece = {
+            "index": 0,
+            "text": "x",
+            "logprobs": {"text_offset": [i], "token_logprobs": [lp], "tokens": ["x"], "top_logprobs": [None]},
+            "finish_reason": "length" if i == len(ids) - 1 else None,
+            "stop_reason": None,
+            "token_ids": [t],
+        }
+        events.append({**head, "choices": [piece]})
+    events.append({**head, "choices": [], "usage": whole["usage"]})
+    return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+
+
 def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
     card = {"id": served_name, "object": "model", "max_model_len": max_model_len}
     models = {"object": "list", "data": [card]}
@@ -73,7 +97,11 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
         path = scope["path"]
         if path == "/v1/completions":
             try:
-                out = json.dumps(answer(json.loads(raw))).encode()
+                body = json.loads(raw)
+                if isinstance(body, dict) and body.get("stream"):
+                    await _stream(send, stream_events(body))
+                    return
+                out = json.dumps(answer(body)).encode()
             except (ValueError, ConfigError) as e:
                 status, out = 400, json.dumps({"error": {"message": str(e)}}).encode()
         elif path == "/v1/models":
@@ -86,6 +114,16 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
         await send({"type": "http.response.body", "body": out})
 
     return app
+
+
+async def _stream(send: Any, events: list[bytes]) -> None:
+    """Each event in a body message of its own, as an engine sends tokens as it makes them."""
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    )
+    for e in events:
+        await send({"type": "http.response.body", "body": e, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def main() -> None:

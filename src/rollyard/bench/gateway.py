@@ -11,7 +11,9 @@ concurrency, so other load on the shared cores lands on both; each pair of block
 round, and the headline numbers are medians over rounds of the paired values (a burst of
 outside load in one round moves one pair, not the result). Reported: token throughput ratio
 at 64 concurrent programs, latency added at the same concurrency (p50/p99 of gateway minus
-direct), the gateway process's CPU time per request, ``p50_own_ms``, and an all-at-once run
+direct), the gateway process's CPU time per request, ``p50_own_ms``, ``stream_cpu_ratio_64``
+(the same 64-program requests streamed, a server-sent event per token from the engine and to
+the client: the gateway's CPU per request over the non-streamed one's), and an all-at-once run
 of 1000 open programs; the load average is recorded with every level (on a shared machine it
 says how much to trust a run).
 
@@ -261,6 +263,34 @@ async def _level(
     }
 
 
+async def _stream_level(
+    session: aiohttp.ClientSession, work: Workload, gw_url: str, gw_pid: int, keys: list[str], c: int, n: int
+) -> dict[str, Any]:
+    """The same chat requests streamed, ``c`` at a time: the gateway's CPU per request (every
+    token its own event from the engine and to the client) and the events it sent."""
+    todo, events = iter(range(n)), [0]
+
+    async def worker(w: int) -> None:
+        for i in todo:
+            body = {**work.chat(i), "stream": True}
+            headers = {"Authorization": f"Bearer {keys[w % len(keys)]}"}
+            async with session.post(f"{gw_url}/v1/chat/completions", json=body, headers=headers) as r:
+                r.raise_for_status()
+                async for line in r.content:
+                    events[0] += line.startswith(b"data: {")
+
+    cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(c)))
+    cpu = _cpu_seconds(gw_pid) - cpu0
+    return {
+        "requests": n,
+        "events": events[0],
+        "wall_s": time.perf_counter() - t0,
+        "gateway_cpu_ms_per_req": 1000 * cpu / n,
+        "load1": os.getloadavg()[0],
+    }
+
+
 async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     # Four rounds per level; at 64 concurrent programs each block is three waves of requests.
     per_level = {1: 8, 16: 64, 64: 256} if quick else {1: 24, 16: 256, 64: 768}
@@ -288,6 +318,10 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 cpu_s += level.pop("_cpu_s")
                 gw_requests += level["gateway"]["requests"]
                 details[f"c{c}"] = level
+            # Streamed: the non-streamed 64-program level's requests, each token an event.
+            details["stream_c64"] = await _stream_level(
+                session, work, gw_url, gw_pid, keys, 64, per_level[64]
+            )
             # The floor: a bare Python relay in the gateway's place, same concurrency and bodies.
             with _floor(engine_url) as relay:
                 await _level(session, work, urls, keys, 8, 16, relay)
@@ -312,6 +346,9 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         "floor_cpu_ms_per_req": details["floor_c64"]["gateway_cpu_ms_per_req"],
         # the issue's measure: the gateway's CPU per request over the bare relay's, both at 64
         "cpu_ratio_64": c64["gateway_cpu_ms_per_req"] / details["floor_c64"]["gateway_cpu_ms_per_req"],
+        # streamed over non-streamed, the gateway's CPU per request at 64 programs
+        "stream_cpu_ratio_64": details["stream_c64"]["gateway_cpu_ms_per_req"]
+        / c64["gateway_cpu_ms_per_req"],
         "load1": os.getloadavg()[0],
     }
     details["pooled_64"] = {

@@ -18,10 +18,13 @@ from rollyard.gateway.tokenizer import Tokenizer
 
 
 def _partial_marker(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``: it starts
+    with the marker's first character, within the last ``len(marker) - 1`` (run per token)."""
+    p = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+    while p >= 0:
+        if marker.startswith(text[p:]):
+            return len(text) - p
+        p = text.find(marker[0], p + 1)
     return 0
 
 
