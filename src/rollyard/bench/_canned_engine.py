@@ -5,16 +5,18 @@ the gateway's and the relay's CPU per request are measured without an engine tak
 two cores (on this machine a real vLLM made the relay's own CPU per request vary 2.4x between
 runs). Each answer has ``max_tokens`` token ids (seeded from the prompt, so the same prompt gets
 the same ids), a logprob per token, ``finish_reason: length``; with ``stream`` the same answer
-comes as vLLM streams it, one server-sent event per token, then the usage and ``[DONE]``.
+comes as vLLM streams it, one server-sent event per token every ``--token-interval-ms`` (20 ms:
+a decode step of a batch on a GPU), then the usage and ``[DONE]``.
 ``/v1/models``, ``/health`` and an empty ``/metrics`` are enough for the gateway to start and
 poll it.
 
-    python -m rollyard.bench._canned_engine --port PORT [--max-model-len N]
+    python -m rollyard.bench._canned_engine --port PORT [--max-model-len N] [--token-interval-ms MS]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 from typing import Any
@@ -82,7 +84,7 @@ def stream_events(body: dict[str, Any]) -> list[bytes]:
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
+def make_app(max_model_len: int = 2048, served_name: str = "tiny", token_interval_s: float = 0.0) -> Any:
     card = {"id": served_name, "object": "model", "max_model_len": max_model_len}
     models = {"object": "list", "data": [card]}
 
@@ -99,7 +101,7 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
             try:
                 body = json.loads(raw)
                 if isinstance(body, dict) and body.get("stream"):
-                    await _stream(send, stream_events(body))
+                    await _stream(send, stream_events(body), token_interval_s)
                     return
                 out = json.dumps(answer(body)).encode()
             except (ValueError, ConfigError) as e:
@@ -116,12 +118,15 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny") -> Any:
     return app
 
 
-async def _stream(send: Any, events: list[bytes]) -> None:
-    """Each event in a body message of its own, as an engine sends tokens as it makes them."""
+async def _stream(send: Any, events: list[bytes], interval_s: float) -> None:
+    """Each event in a body message of its own, ``interval_s`` apart, as an engine sends tokens
+    as it makes them."""
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     )
-    for e in events:
+    for i, e in enumerate(events):
+        if i and interval_s:
+            await asyncio.sleep(interval_s)
         await send({"type": "http.response.body", "body": e, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
@@ -130,8 +135,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--token-interval-ms", type=float, default=20.0, help="between streamed tokens")
     args = p.parse_args()
-    uvicorn.run(make_app(args.max_model_len), host="127.0.0.1", port=args.port, log_level="warning")
+    app = make_app(args.max_model_len, token_interval_s=args.token_interval_ms / 1000)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
