@@ -37,6 +37,7 @@ from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.metrics import parse_vllm_metrics
+from rollyard.engines.stream_read import SSEPayloads, merge_deltas
 
 log = logging.getLogger(__name__)
 
@@ -306,15 +307,18 @@ class VLLMBackend:
             async with await self._send("POST", "/v1/completions", json=body) as resp:
                 if resp.status >= 300:
                     self._raise_status(resp.status, await resp.text(), "/v1/completions", answer=True)
-                async for raw in resp.content:  # one SSE line at a time
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    for delta in self._deltas(payload, len(prompt_ids), version, params.top_logprobs):
-                        yield delta
+                events, done = SSEPayloads(), False
+                while not done:  # what arrived together is one delta (stream_read)
+                    chunk = await resp.content.readany()
+                    got: list[CompletionDelta] = []
+                    for payload in events.feed(chunk):
+                        if payload == "[DONE]":
+                            done = True
+                            break
+                        got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs)
+                    if got:
+                        yield merge_deltas(got)
+                    done = done or not chunk
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:

@@ -1,0 +1,49 @@
+"""Streamed events read as they arrive: payloads whatever the splits, deltas merged in order."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import CompletionDelta
+from rollyard.engines.stream_read import SSEPayloads, merge_deltas
+
+BODY = 'data: {"a": "é"}\n\n: a comment\ndata: {"b": 2}\n\ndata: [DONE]\n\n'.encode()
+
+
+@given(st.lists(st.integers(0, len(BODY)), max_size=8))
+def test_payloads_are_the_same_however_the_body_is_split(cuts: list[int]) -> None:
+    points = sorted({0, len(BODY), *cuts})
+    events, got = SSEPayloads(), []
+    for a, b in itertools.pairwise(points):
+        got += events.feed(BODY[a:b])
+    got += events.feed(b"")
+    assert got == ['{"a": "é"}', '{"b": 2}', "[DONE]"]
+
+
+def test_a_last_line_without_its_newline_is_read_at_the_end() -> None:
+    events = SSEPayloads()
+    assert events.feed(b"data: 1\ndata: 2") == ["1"]
+    assert events.feed(b"") == ["2"]
+
+
+def test_merged_deltas_carry_every_token_in_order_and_the_last_finish_reason() -> None:
+    a = CompletionDelta(token_ids=[1, 2], logprobs=[-0.1, -0.2], prompt_tokens=5, policy_version=3)
+    b = CompletionDelta(token_ids=[], logprobs=[], prompt_tokens=5, policy_version=3)
+    c = CompletionDelta(
+        token_ids=[3], logprobs=[-0.3], finish_reason=FinishReason.LENGTH, prompt_tokens=5, policy_version=3
+    )
+    m = merge_deltas([a, b, c])
+    assert (m.token_ids, m.logprobs, m.finish_reason) == ([1, 2, 3], [-0.1, -0.2, -0.3], FinishReason.LENGTH)
+    assert (m.prompt_tokens, m.policy_version, m.top_logprobs) == (5, 3, None)
+    assert merge_deltas([a]) is a
+
+
+def test_alternatives_stay_at_their_positions_when_some_deltas_have_none() -> None:
+    a = CompletionDelta(token_ids=[1], logprobs=[-0.1], top_logprobs=[[(1, -0.1), (7, -2.0)]])
+    b = CompletionDelta(token_ids=[2, 3], logprobs=[-0.2, -0.3])
+    m = merge_deltas([a, b])
+    assert m.top_logprobs == [[(1, -0.1), (7, -2.0)], [], []]
