@@ -268,24 +268,24 @@ async def _stream_level(
 ) -> dict[str, Any]:
     """The same chat requests streamed, ``c`` at a time: the gateway's CPU per request (every
     token its own event from the engine and to the client) and the events it sent."""
-    todo, events = iter(range(n)), [0]
 
-    async def worker(w: int) -> None:
-        for i in todo:
-            body = {**work.chat(i), "stream": True}
-            headers = {"Authorization": f"Bearer {keys[w % len(keys)]}"}
-            async with session.post(f"{gw_url}/v1/chat/completions", json=body, headers=headers) as r:
-                r.raise_for_status()
-                async for line in r.content:
-                    events[0] += line.startswith(b"data: {")
+    async def streamed(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
+        body = {**work.chat(i), "stream": True}
+        headers = {"Authorization": f"Bearer {keys[w % len(keys)]}"}
+        events = 0
+        async with s.post(f"{gw_url}/v1/chat/completions", json=body, headers=headers) as r:
+            r.raise_for_status()
+            async for line in r.content:
+                events += line.startswith(b"data: {")
+        return events, {}
 
-    cpu0, t0 = _cpu_seconds(gw_pid), time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(c)))
+    acc, cpu0 = _acc(), _cpu_seconds(gw_pid)
+    await _block(session, streamed, list(range(n)), c, acc)
     cpu = _cpu_seconds(gw_pid) - cpu0
     return {
         "requests": n,
-        "events": events[0],
-        "wall_s": time.perf_counter() - t0,
+        "events": acc["tokens"],  # what _block counts is what ``streamed`` returns: events
+        "wall_s": acc["wall"],
         "gateway_cpu_ms_per_req": 1000 * cpu / n,
         "load1": os.getloadavg()[0],
     }
