@@ -54,24 +54,6 @@ class TurnTimings(BaseModel):
         return self.finished - self.submitted
 
 
-# The fields ``Turn.of_valid_parts`` sets; ``loss_mask`` keeps its default, as in ``Turn(...)``.
-_GIVEN = frozenset(
-    (
-        "index",
-        "prompt_ids",
-        "completion_ids",
-        "completion_logprobs",
-        "policy_version",
-        "finish_reason",
-        "timings",
-        "engine",
-        "sampling",
-        "requested_sampling",
-        "flags",
-    )
-)
-
-
 class Turn(BaseModel):
     """One engine call: prompt ids in, completion ids and their logprobs out."""
 
@@ -154,7 +136,8 @@ class Turn(BaseModel):
             "flags": flags,
         }
         if index >= 0 and policy_version >= 0:
-            turn = assemble(cls, fields, fields_set=set(_GIVEN))
+            given = {k for k in fields if k != "loss_mask"}  # loss_mask keeps its default, as in Turn(...)
+            turn = assemble(cls, fields, fields_set=given)
             try:
                 return turn._check()
             except (TypeError, ValueError):
