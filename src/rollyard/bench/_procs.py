@@ -87,22 +87,49 @@ def _wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 60.0) -
 
 
 @contextlib.contextmanager
-def _gateway(engine_url: str, model_dir: Path, extra: list[str] | None = None) -> Iterator[tuple[str, int]]:
-    """A ``rollyard gateway`` process on a free port: (url, pid); ``extra`` adds CLI flags."""
+def _gateway(
+    engine_url: str | list[str],
+    model_dir: Path,
+    extra: list[str] | None = None,
+    *,
+    model_name: str = "tiny",
+    capacity: int | None = 1024,
+) -> Iterator[tuple[str, int]]:
+    """A ``rollyard gateway`` process on a free port: (url, pid). ``extra`` adds CLI flags;
+    ``capacity`` None keeps the gateway's default. Its log is kept aside and shown if it dies
+    before it is up; one that does not stop (requests still held) is killed."""
     port = free_port()
     with tempfile.TemporaryDirectory() as state:
-        cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url]
+        cmd = [sys.executable, "-m", "rollyard", "gateway"]
+        for url in [engine_url] if isinstance(engine_url, str) else engine_url:
+            cmd += ["--engine", url]
         cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
-        cmd += ["--model-name", "tiny", "--capacity", "1024", *(extra or [])]
+        cmd += ["--model-name", model_name, *([] if capacity is None else ["--capacity", str(capacity)])]
         env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+        log = Path(state) / "gateway.log"
+        with log.open("wb") as err:
+            proc = subprocess.Popen(
+                [*cmd, *(extra or [])], env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True
+            )
         url = f"http://127.0.0.1:{port}"
         try:
-            _wait_until(lambda: _healthy(url), "the gateway")
+            _wait_until(lambda: _up(proc, log) and _healthy(url), "the gateway")
             yield url, proc.pid
         finally:
             proc.terminate()
-            proc.wait(15)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+
+
+def _up(proc: subprocess.Popen[bytes], log: Path) -> bool:
+    """True while ``proc`` runs; its log's tail as the error once it has exited."""
+    if proc.poll() is not None:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"the gateway exited with {proc.returncode} before it was up:\n{tail}")
+    return True
 
 
 @contextlib.contextmanager

@@ -26,11 +26,12 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._procs import ADMIN
 from rollyard.sim.workload import ProgramPlan, Turn
 
 __all__ = ["LiveRun", "run_live"]
 
-ADMIN = "bench-admin"
+
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "theta", "kappa", "sigma", "omega", "river")
 
 

@@ -40,8 +40,6 @@ import contextlib
 import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -51,11 +49,10 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._procs import ADMIN, _gateway
 from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import loadavg, report
-from rollyard.core.net import free_port
 
-ADMIN = "bench-admin"
 SERVED = "bench"
 PATHS = ("direct", "fifo", "thunder", "rollyard")
 TIMEOUT_S = float(os.environ.get("ROLLYARD_BENCH_TIMEOUT_S", 120))
@@ -95,39 +92,6 @@ def _engines(size: str, kv_tokens: int, max_model_len: int, count: int) -> Itera
             )
             urls.append(stack.enter_context(server).url)
         yield urls, model_dir
-
-
-@contextlib.contextmanager
-def _gateway(engine_urls: list[str], model_dir: Path, policy: str) -> Iterator[str]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as state:
-        cmd = [sys.executable, "-m", "rollyard", "gateway", "--policy", policy]
-        for url in engine_urls:
-            cmd += ["--engine", url]
-        cmd += ["--model-dir", str(model_dir), "--port", str(port), "--state-dir", state]
-        cmd += ["--model-name", SERVED]
-        env = {**os.environ, "ROLLYARD_ADMIN_TOKEN": ADMIN}
-        log = Path(state) / "gateway.log"  # its shutdown complains about held requests: kept aside
-        with log.open("wb") as err:
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(1200):
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/health").status_code == 200:
-                        break
-                if proc.poll() is not None:
-                    tail = log.read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"gateway exited with {proc.returncode} before it was up:\n{tail}")
-                time.sleep(0.1)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:  # requests still held (a starved program) keep it up
-                proc.kill()
-                proc.wait(30)
 
 
 def _seed(tag: str, i: int) -> int:
@@ -286,7 +250,11 @@ def main(quick: bool = False) -> None:
                 if path == "direct":
                     res = asyncio.run(_run_path(path, engine_urls, None, n, turns, tag))
                 else:
-                    with _gateway(engine_urls, model_dir, OURS if path == "rollyard" else path) as gw:
+                    policy = ["--policy", OURS if path == "rollyard" else path]
+                    with _gateway(engine_urls, model_dir, policy, model_name=SERVED, capacity=None) as (
+                        gw,
+                        _,
+                    ):
                         res = asyncio.run(_run_path(path, engine_urls, gw, n, turns, tag))
                 per_path[path].append(res)
                 print(f"round {r} {path}: {res}", flush=True)
