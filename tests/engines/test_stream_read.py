@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import CompletionDelta
-from rollyard.engines.stream_read import SSEPayloads, merge_deltas
+from rollyard.engines.stream_read import SSEPayloads, event_deltas, merge_deltas
 
 BODY = 'data: {"a": "é"}\n\n: a comment\ndata: {"b": 2}\n\ndata: [DONE]\n\n'.encode()
 
@@ -21,13 +21,13 @@ def test_payloads_are_the_same_however_the_body_is_split(cuts: list[int]) -> Non
     for a, b in itertools.pairwise(points):
         got += events.feed(BODY[a:b])
     got += events.feed(b"")
-    assert got == ['{"a": "é"}', '{"b": 2}', "[DONE]"]
+    assert got == ['{"a": "é"}'.encode(), b'{"b": 2}', b"[DONE]"]
 
 
 def test_a_last_line_without_its_newline_is_read_at_the_end() -> None:
     events = SSEPayloads()
-    assert events.feed(b"data: 1\ndata: 2") == ["1"]
-    assert events.feed(b"") == ["2"]
+    assert events.feed(b"data: 1\ndata: 2") == [b"1"]
+    assert events.feed(b"") == [b"2"]
 
 
 def test_merged_deltas_carry_every_token_in_order_and_the_last_finish_reason() -> None:
@@ -47,3 +47,22 @@ def test_alternatives_stay_at_their_positions_when_some_deltas_have_none() -> No
     b = CompletionDelta(token_ids=[2, 3], logprobs=[-0.2, -0.3])
     m = merge_deltas([a, b])
     assert m.top_logprobs == [[(1, -0.1), (7, -2.0)], [], []]
+
+
+def test_an_event_reads_as_the_validated_delta_of_its_choice() -> None:
+    payload = (
+        b'{"choices":[{"index":0,"text":"hi","token_ids":[5,6],'
+        b'"logprobs":{"token_logprobs":[-0.5,-Infinity]},"finish_reason":"length"}]}'
+    )
+    (got,) = event_deltas(payload, prompt_tokens=9, version=2)
+    want = CompletionDelta(
+        token_ids=[5, 6],
+        logprobs=[-0.5, -1e4],
+        finish_reason=FinishReason.LENGTH,
+        prompt_tokens=9,
+        policy_version=2,
+    )
+    assert got == want
+    assert (
+        event_deltas(b'{"choices":[{"index":0,"text":"","token_ids":[],"finish_reason":null}]}', 9, 2) == []
+    )

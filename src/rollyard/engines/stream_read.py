@@ -1,4 +1,4 @@
-"""Reading an engine's streamed completion: whatever arrived together is one delta.
+"""Reading vLLM's streamed completion: whatever arrived together is one delta.
 
 vLLM sends an event per token and request. When the gateway keeps up, each read holds one
 event and nothing changes. When it falls behind (a burst, a loaded host), a stream's events pile
@@ -10,9 +10,12 @@ in fewer, larger frames, and the gateway's cost per token falls as its load rise
 
 from __future__ import annotations
 
-from rollyard.engines.base import CompletionDelta
+from rollyard.core.assemble import assemble
+from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import CompletionDelta, TopLogprobs
+from rollyard.engines.vllm_choice import finish, loads, token_ids, token_logprobs, top_logprobs
 
-__all__ = ["SSEPayloads", "merge_deltas"]
+__all__ = ["SSEPayloads", "event_deltas", "merge_deltas"]
 
 
 class SSEPayloads:
@@ -22,18 +25,64 @@ class SSEPayloads:
     def __init__(self) -> None:
         self._tail = b""
 
-    def feed(self, chunk: bytes) -> list[str]:
-        """Payloads of the lines ``chunk`` completes; b"" (the end of the body) flushes the rest."""
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Payloads of the lines ``chunk`` completes; b"" (the end of the body) flushes the rest.
+        Bytes, as the JSON parser takes them (a multi-byte character never holds a b"\n")."""
         if chunk:
             *lines, self._tail = (self._tail + chunk).split(b"\n")
         else:
             lines, self._tail = [self._tail], b""
         out = []
         for raw in lines:
-            line = raw.decode().strip()  # a multi-byte character never holds a b"\n"
-            if line.startswith("data:"):
+            line = raw.strip()
+            if line.startswith(b"data:"):
                 out.append(line[5:].strip())
         return out
+
+
+def event_deltas(payload: bytes, prompt_tokens: int, version: int, top: int = 0) -> list[CompletionDelta]:
+    """The deltas of one streamed event (a choice with no ids and no finish reason is none).
+
+    Built with ``assemble``: every value is typed here as it is read, and a streamed token
+    passes this once, so pydantic's validation of the same values again was a tenth of a
+    streamed token's gateway CPU. Raises what the reading raises (``ValueError``, ``KeyError``,
+    ``TypeError``, ``AttributeError``, ``EngineError``) for the caller to name the engine."""
+    out = []
+    for choice in loads(payload).get("choices") or []:
+        ids = token_ids(choice)
+        reason = choice.get("finish_reason")
+        if not ids and reason is None:
+            continue
+        out.append(
+            _delta(
+                ids,
+                token_logprobs(choice, len(ids)),
+                finish(reason) if reason is not None else None,
+                prompt_tokens,
+                version,
+                top_logprobs(choice, len(ids), top),
+            )
+        )
+    return out
+
+
+def _delta(
+    ids: list[int],
+    lps: list[float],
+    reason: FinishReason | None,
+    prompt_tokens: int,
+    version: int,
+    top: TopLogprobs | None,
+) -> CompletionDelta:
+    values = {
+        "token_ids": ids,
+        "logprobs": lps,
+        "finish_reason": reason,
+        "prompt_tokens": prompt_tokens,
+        "policy_version": version,
+        "top_logprobs": top,
+    }
+    return assemble(CompletionDelta, values)
 
 
 def merge_deltas(deltas: list[CompletionDelta]) -> CompletionDelta:
@@ -46,11 +95,11 @@ def merge_deltas(deltas: list[CompletionDelta]) -> CompletionDelta:
     if any(t is not None for t in tops):
         top = [alts for d, t in zip(deltas, tops, strict=True) for alts in (t or [[] for _ in d.token_ids])]
     reasons = [d.finish_reason for d in deltas if d.finish_reason is not None]
-    return CompletionDelta(
-        token_ids=[t for d in deltas for t in d.token_ids],
-        logprobs=[lp for d in deltas for lp in d.logprobs],
-        finish_reason=reasons[-1] if reasons else None,
-        prompt_tokens=deltas[-1].prompt_tokens,
-        policy_version=deltas[-1].policy_version,
-        top_logprobs=top,
+    return _delta(
+        [t for d in deltas for t in d.token_ids],
+        [lp for d in deltas for lp in d.logprobs],
+        reasons[-1] if reasons else None,
+        deltas[-1].prompt_tokens,
+        deltas[-1].policy_version,
+        top,
     )

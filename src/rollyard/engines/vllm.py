@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,10 +33,10 @@ import pydantic_core
 
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
 from rollyard.core.sampling import SamplingParams
-from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.metrics import parse_vllm_metrics
-from rollyard.engines.stream_read import SSEPayloads, merge_deltas
+from rollyard.engines.stream_read import SSEPayloads, event_deltas, merge_deltas
+from rollyard.engines.vllm_choice import finish, loads, token_ids, token_logprobs, top_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +52,6 @@ _CONNECT_TIMEOUT_S = 30.0
 
 def _dumps(obj: Any) -> str:
     return pydantic_core.to_json(obj).decode()
-
-
-def _loads(text: str) -> Any:
-    """The engine's JSON, parsed by pydantic-core (~3x ``json.loads`` on a completion with
-    logprobs); ``-Infinity`` logprobs are accepted as vLLM writes them."""
-    return pydantic_core.from_json(text, allow_inf_nan=True)
-
-
-def _finish(reason: str | None) -> FinishReason:
-    if reason == "length":
-        return FinishReason.LENGTH
-    if reason in ("stop", None):
-        return FinishReason.STOP
-    return FinishReason.ABORT
-
-
-def _logprob(entry: Any) -> float:
-    # vLLM reports -inf for impossible tokens under constraints; keep the record finite.
-    v = float(entry) if entry is not None else 0.0
-    return v if math.isfinite(v) else -1e4
-
-
-def _top_logprobs(choice: dict[str, Any], n: int, k: int) -> list[list[tuple[int, float]]] | None:
-    """The ``k`` likeliest (id, logprob) per position, from vLLM's ``{"token_id:N": lp}`` maps
-    (which also hold the sampled token, so may have k + 1 entries); None when none were asked."""
-    if not k:
-        return None
-    rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
-    if len(rows) != n:
-        raise EngineError(f"engine returned {n} token ids but {len(rows)} top_logprobs rows")
-    out = []
-    for row in rows:
-        pairs = [(int(t.rpartition(":")[2]), float(v)) for t, v in (row or {}).items()]
-        pairs = [(t, v) for t, v in pairs if math.isfinite(v)]  # masked by a constraint
-        out.append(sorted(pairs, key=lambda p: -p[1])[:k])
-    return out
 
 
 class VLLMBackend:
@@ -205,7 +168,7 @@ class VLLMBackend:
         raise EngineError(f"engine {self.name} returned {status} on {path}: {text[:200]}")
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        return _loads((await self._request(method, path, **kw))[1])
+        return loads((await self._request(method, path, **kw))[1])
 
     def _raise_bad_request(self, text: str) -> None:
         if "maximum context length" in text or "max_model_len" in text or "context length" in text:
@@ -272,33 +235,25 @@ class VLLMBackend:
         version = self._version
         text = (await self._request("POST", "/v1/completions", answer=True, json=body))[1]
         try:
-            data = _loads(text)
+            data = loads(text)
             choice = data["choices"][0]
-            ids = [int(t) for t in choice.get("token_ids") or []]
+            ids = token_ids(choice)
             usage = data.get("usage") or {}
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-            lps = self._logprobs(choice, len(ids))
-            top = _top_logprobs(choice, len(ids), params.top_logprobs)
+            lps = token_logprobs(choice, len(ids))
+            top = top_logprobs(choice, len(ids), params.top_logprobs)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
         return Completion(
             token_ids=ids,
             logprobs=lps,
-            finish_reason=_finish(choice.get("finish_reason")),
+            finish_reason=finish(choice.get("finish_reason")),
             prompt_tokens=len(prompt_ids),
             policy_version=version,
             engine=self.name,
             cached_prompt_tokens=cached,
             top_logprobs=top,
         )
-
-    @staticmethod
-    def _logprobs(choice: dict[str, Any], n: int) -> list[float]:
-        lp = choice.get("logprobs") or {}
-        values = [_logprob(x) for x in (lp.get("token_logprobs") or [])]
-        if len(values) != n:
-            raise EngineError(f"engine returned {n} token ids but {len(values)} logprobs")
-        return values
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionDelta]:
         body = await self.completion_body(prompt_ids, params, stream=True)
@@ -312,7 +267,7 @@ class VLLMBackend:
                     chunk = await resp.content.readany()
                     got: list[CompletionDelta] = []
                     for payload in events.feed(chunk):
-                        if payload == "[DONE]":
+                        if payload == b"[DONE]":
                             done = True
                             break
                         got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs)
@@ -324,28 +279,15 @@ class VLLMBackend:
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
 
-    def _deltas(self, payload: str, prompt_tokens: int, version: int, top: int = 0) -> list[CompletionDelta]:
+    def _deltas(
+        self, payload: bytes, prompt_tokens: int, version: int, top: int = 0
+    ) -> list[CompletionDelta]:
         """One streamed event's deltas; an unreadable event is the engine's error on this request."""
         try:
-            out = []
-            for choice in _loads(payload).get("choices") or []:
-                ids = [int(t) for t in choice.get("token_ids") or []]
-                reason = choice.get("finish_reason")
-                if not ids and reason is None:
-                    continue
-                out.append(
-                    CompletionDelta(
-                        token_ids=ids,
-                        logprobs=self._logprobs(choice, len(ids)),
-                        finish_reason=_finish(reason) if reason is not None else None,
-                        prompt_tokens=prompt_tokens,
-                        policy_version=version,
-                        top_logprobs=_top_logprobs(choice, len(ids), top),
-                    )
-                )
-            return out
+            return event_deltas(payload, prompt_tokens, version, top)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise EngineError(f"engine {self.name} streamed an unreadable event: {payload[:200]}") from e
+            text = payload[:200].decode(errors="replace")
+            raise EngineError(f"engine {self.name} streamed an unreadable event: {text}") from e
 
     async def stats(self) -> EngineStats:
         return parse_vllm_metrics((await self._request("GET", "/metrics"))[1])

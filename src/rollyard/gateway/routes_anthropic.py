@@ -27,7 +27,7 @@ from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
-from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
 router = APIRouter(route_class=ModelRoute)
@@ -186,38 +186,33 @@ async def _frames(
         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
     }
     yield event({"type": "message_start", "message": msg}, "message_start")
-    text_open = False
+    text: Frame | None = None  # the text block's delta frame, once the block is open
     sent = ""
     index = 0
     async for item in items:
         if isinstance(item, TextDelta):
-            if not text_open:
+            if text is None:
                 block = {
                     "type": "content_block_start",
                     "index": index,
                     "content_block": {"type": "text", "text": ""},
                 }
                 yield event(block, "content_block_start")
-                text_open = True
-            sent += item.text
-            delta = {
-                "type": "content_block_delta",
-                "index": index,
-                "delta": {"type": "text_delta", "text": item.text},
-            }
-            yield event(delta, "content_block_delta")
-            continue
-        r = item
-        blocks = _content(r)
-        if text_open:
-            rest = r.message.content[len(sent) :] if r.message.content.startswith(sent) else ""
-            if rest:
                 delta = {
                     "type": "content_block_delta",
                     "index": index,
-                    "delta": {"type": "text_delta", "text": rest},
+                    "delta": {"type": "text_delta", "text": SLOT},
                 }
-                yield event(delta, "content_block_delta")
+                text = Frame(delta, "content_block_delta")
+            sent += item.text
+            yield text.fill(item.text)
+            continue
+        r = item
+        blocks = _content(r)
+        if text is not None:
+            rest = r.message.content[len(sent) :] if r.message.content.startswith(sent) else ""
+            if rest:
+                yield text.fill(rest)
             yield event({"type": "content_block_stop", "index": index}, "content_block_stop")
             index += 1
             blocks = [b for b in blocks if b["type"] != "text"]

@@ -22,7 +22,7 @@ from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, to
 from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
-from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
@@ -155,11 +155,12 @@ async def _frames(
         }
 
     yield event(chunk({"role": "assistant", "content": ""}))
+    text = Frame(chunk({"content": SLOT}))
     sent = ""
     async for item in items:
         if isinstance(item, TextDelta):
             sent += item.text
-            yield event(chunk({"content": item.text}))
+            yield text.fill(item.text)
             continue
         r = item
         if r.message.reasoning:

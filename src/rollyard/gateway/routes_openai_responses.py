@@ -32,7 +32,7 @@ from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, to
 from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.model_route import ModelRoute
 from rollyard.gateway.service import TextDelta
-from rollyard.gateway.sse import event, primed, sse_response
+from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
@@ -206,6 +206,15 @@ async def _frames(
     yield ev("response.created", response=_response(None, rid, model, req, created))
     yield ev("response.in_progress", response=_response(None, rid, model, req, created))
     sent, text_open, msg_id = "", False, wire_id("msg_")
+    name = "response.output_text.delta"
+    delta = {"item_id": msg_id, "output_index": 0, "content_index": 0, "delta": SLOT, "logprobs": []}
+    text = Frame({"type": name, "sequence_number": SLOT, **delta}, name)  # slots: number, text
+
+    def text_delta(piece: str) -> str:
+        nonlocal seq
+        seq += 1
+        return text.fill(seq - 1, piece)
+
     async for item in items:
         if isinstance(item, TextDelta):
             if not text_open:
@@ -223,14 +232,7 @@ async def _frames(
                     "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
                 )
             sent += item.text
-            yield ev(
-                "response.output_text.delta",
-                item_id=msg_id,
-                output_index=0,
-                content_index=0,
-                delta=item.text,
-                logprobs=[],
-            )
+            yield text_delta(item.text)
             continue
         r = item
         final = _response(r, rid, model, req, created, tok)
@@ -244,14 +246,7 @@ async def _frames(
             start = 1
             rest = r.message.content[len(sent) :] if r.message.content.startswith(sent) else ""
             if rest:
-                yield ev(
-                    "response.output_text.delta",
-                    item_id=msg_id,
-                    output_index=0,
-                    content_index=0,
-                    delta=rest,
-                    logprobs=[],
-                )
+                yield text_delta(rest)
             outputs.remove(msg)
             outputs.insert(0, msg)
             yield from_text_done(ev, msg, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -22,6 +22,35 @@ def _dumps(obj: Any) -> str:
 def event(data: Any, name: str | None = None) -> str:
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {data if isinstance(data, str) else _dumps(data)}\n\n"
+
+
+# A value no JSON a client sends can hold as a whole string (NUL-delimited), marking a slot.
+SLOT = "\x00rollyard-slot\x00"
+_SLOT_JSON = _dumps(SLOT)
+
+
+class Frame:
+    """An event sent many times with only a few values changing (a streamed token's text, the
+    Responses API's sequence number): encoded once, its slots filled per use.
+
+    ``data`` holds ``SLOT`` where a value goes; ``fill`` takes the values in the order the
+    slots appear in the encoded JSON (the dicts' insertion order). The result is exactly
+    ``event(data with the values, name)``; only each value is encoded per token instead of the
+    whole frame."""
+
+    def __init__(self, data: dict[str, Any], name: str | None = None) -> None:
+        self._parts = event(data, name).split(_SLOT_JSON)
+        if len(self._parts) < 2:
+            raise ValueError("a frame needs at least one SLOT")
+
+    def fill(self, *values: Any) -> str:
+        parts = self._parts
+        if len(values) != len(parts) - 1:
+            raise ValueError(f"this frame has {len(parts) - 1} slots, got {len(values)} values")
+        out = [parts[0]]
+        for value, part in zip(values, parts[1:], strict=True):
+            out += (_dumps(value), part)
+        return "".join(out)
 
 
 def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> StreamingResponse:
@@ -45,14 +74,28 @@ def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> S
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
 
+class _Primed:
+    """The first item, then the rest of ``items``, each ``__anext__`` handed straight to the
+    generator's own: no generator layer of its own for every streamed token to pass."""
+
+    def __init__(self, first: Any, it: AsyncIterator[Any]) -> None:
+        self._first: list[Any] = [first]
+        self._it = it
+
+    def __aiter__(self) -> _Primed:
+        return self
+
+    def __anext__(self) -> Awaitable[Any]:
+        if self._first:
+            return _ready(self._first.pop())
+        return self._it.__anext__()
+
+
+async def _ready(value: Any) -> Any:
+    return value
+
+
 async def primed(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """Start a generator now, so errors raised before its first item become HTTP errors."""
     it = aiter(items)
-    first = await anext(it)
-
-    async def chain() -> AsyncIterator[Any]:
-        yield first
-        async for x in it:
-            yield x
-
-    return chain()
+    return _Primed(await anext(it), it)

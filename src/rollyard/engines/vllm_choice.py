@@ -1,0 +1,63 @@
+"""One choice of a vLLM completion, streamed or not, read into what a turn records: token ids,
+finite logprobs, the alternatives asked for, the finish reason."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pydantic_core
+
+from rollyard.core.errors import EngineError
+from rollyard.core.trajectory import FinishReason
+
+__all__ = ["finish", "loads", "token_ids", "token_logprobs", "top_logprobs"]
+
+
+def loads(text: str | bytes) -> Any:
+    """The engine's JSON, parsed by pydantic-core (~3x ``json.loads`` on a completion with
+    logprobs); ``-Infinity`` logprobs are accepted as vLLM writes them."""
+    return pydantic_core.from_json(text, allow_inf_nan=True)
+
+
+def finish(reason: str | None) -> FinishReason:
+    if reason == "length":
+        return FinishReason.LENGTH
+    if reason in ("stop", None):
+        return FinishReason.STOP
+    return FinishReason.ABORT
+
+
+def token_ids(choice: dict[str, Any]) -> list[int]:
+    return [int(t) for t in choice.get("token_ids") or []]
+
+
+def _logprob(entry: Any) -> float:
+    # vLLM reports -inf for impossible tokens under constraints; keep the record finite.
+    v = float(entry) if entry is not None else 0.0
+    return v if math.isfinite(v) else -1e4
+
+
+def token_logprobs(choice: dict[str, Any], n: int) -> list[float]:
+    """The sampled tokens' logprobs, one per id (``n``)."""
+    lp = choice.get("logprobs") or {}
+    values = [_logprob(x) for x in (lp.get("token_logprobs") or [])]
+    if len(values) != n:
+        raise EngineError(f"engine returned {n} token ids but {len(values)} logprobs")
+    return values
+
+
+def top_logprobs(choice: dict[str, Any], n: int, k: int) -> list[list[tuple[int, float]]] | None:
+    """The ``k`` likeliest (id, logprob) per position, from vLLM's ``{"token_id:N": lp}`` maps
+    (which also hold the sampled token, so may have k + 1 entries); None when none were asked."""
+    if not k:
+        return None
+    rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
+    if len(rows) != n:
+        raise EngineError(f"engine returned {n} token ids but {len(rows)} top_logprobs rows")
+    out = []
+    for row in rows:
+        pairs = [(int(t.rpartition(":")[2]), float(v)) for t, v in (row or {}).items()]
+        pairs = [(t, v) for t, v in pairs if math.isfinite(v)]  # masked by a constraint
+        out.append(sorted(pairs, key=lambda p: -p[1])[:k])
+    return out
