@@ -34,6 +34,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _host_busy_seconds() -> float:
+    """CPU seconds every core of the host has spent busy since boot (``/proc/stat``: all but
+    idle and iowait), so a run's busy cores are the difference over its wall time."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def _engine(
     kv_tokens: int = 16384,

@@ -46,6 +46,7 @@ class LiveRun:
     restores: int = 0
     hold_s_total: float = 0.0  # rollyard_sched_hold_seconds_sum: the restored programs' holds
     shell_up_s: float = 0.0  # how long the gateway had been up when the run started
+    cpu_cores: dict[str, float] = field(default_factory=dict)  # busy cores during the run, by whom
 
     def summary(self) -> dict[str, Any]:
         from rollyard.sim.stats import quantile
@@ -60,6 +61,7 @@ class LiveRun:
             "restores": self.restores,
             "hold_s_total": self.hold_s_total,
             "shell_up_s": self.shell_up_s,
+            "cpu_cores": self.cpu_cores,
         }
 
 

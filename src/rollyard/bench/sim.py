@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from rollyard.bench._procs import _engine, _gateway
+from rollyard.bench._procs import _cpu_seconds, _engine, _gateway, _host_busy_seconds
 from rollyard.bench._report import RESULTS_DIR, loadavg, report
 from rollyard.bench._sim_live import run_live
 from rollyard.sched import make_policy, policy_from_spec, policy_names
@@ -55,8 +55,12 @@ def _err(sim: float, live: float) -> float:
     return abs(sim - live) / live if live else 0.0
 
 
-def _median(rows: list[dict[str, Any]]) -> dict[str, float]:
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the rows' median (a dict of figures gets one per figure)."""
+    return {
+        k: _median([r[k] for r in rows]) if isinstance(v, dict) else statistics.median(r[k] for r in rows)
+        for k, v in rows[0].items()
+    }
 
 
 def _compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -137,8 +141,23 @@ def validate(
         def live(w: Workload, name: str) -> Any:
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
-            with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, _):
-                return run_live(gw_url, engine_url, w.plans(), up_at=time.perf_counter())
+            with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, gw_pid):
+                t0, host0, gw0, own0 = (
+                    time.perf_counter(),
+                    _host_busy_seconds(),
+                    _cpu_seconds(gw_pid),
+                    time.process_time(),
+                )
+                run = run_live(gw_url, engine_url, w.plans(), up_at=t0)
+                wall = time.perf_counter() - t0
+                # Cores busy during the run, by whom: the replay's engine has its profile's speed,
+                # while the live engine shares its cores with the gateway and the bench's clients.
+                run.cpu_cores = {
+                    "host": (_host_busy_seconds() - host0) / wall,
+                    "gateway": (_cpu_seconds(gw_pid) - gw0) / wall,
+                    "clients": (time.process_time() - own0) / wall,
+                }
+                return run
 
         def play(w: Workload) -> dict[str, Any]:
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
