@@ -44,3 +44,8 @@ def test_primed_raises_before_the_first_item_and_then_yields_all_in_order() -> N
         return [x async for x in await primed(_items(5))]
 
     assert asyncio.run(run()) == [0, 1, 2, 3, 4]
+
+
+def test_a_value_holding_the_markers_text_still_gives_the_exact_event() -> None:
+    data = {"model": f"a{SLOT}b", "delta": {"content": SLOT}, "n": [SLOT, 1]}
+    assert Frame(data).fill("x", 7) == event({"model": f"a{SLOT}b", "delta": {"content": "x"}, "n": [7, 1]})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -36,21 +36,41 @@ class Frame:
     ``data`` holds ``SLOT`` where a value goes; ``fill`` takes the values in the order the
     slots appear in the encoded JSON (the dicts' insertion order). The result is exactly
     ``event(data with the values, name)``; only each value is encoded per token instead of the
-    whole frame."""
+    whole frame. Should a value of ``data`` itself contain the marker's text (a client's model
+    name, say), each use encodes the whole frame instead."""
 
     def __init__(self, data: dict[str, Any], name: str | None = None) -> None:
-        self._parts = event(data, name).split(_SLOT_JSON)
-        if len(self._parts) < 2:
+        self._data, self._name = data, name
+        self._slots = _fill(data, iter(()), count=True)
+        if not self._slots:
             raise ValueError("a frame needs at least one SLOT")
+        parts = event(data, name).split(_SLOT_JSON)
+        self._parts = parts if len(parts) == self._slots + 1 else None
 
     def fill(self, *values: Any) -> str:
+        if len(values) != self._slots:
+            raise ValueError(f"this frame has {self._slots} slots, got {len(values)} values")
+        if self._parts is None:
+            return event(_fill(self._data, iter(values)), self._name)
         parts = self._parts
-        if len(values) != len(parts) - 1:
-            raise ValueError(f"this frame has {len(parts) - 1} slots, got {len(values)} values")
         out = [parts[0]]
         for value, part in zip(values, parts[1:], strict=True):
             out += (_dumps(value), part)
         return "".join(out)
+
+
+def _fill(data: Any, values: Iterator[Any], count: bool = False) -> Any:
+    """``data`` with each ``SLOT`` replaced by the next value, in encoding order; with
+    ``count``, the number of slots instead."""
+    if isinstance(data, dict):
+        items = [(k, _fill(v, values, count)) for k, v in data.items()]
+        return sum(v for _, v in items) if count else dict(items)
+    if isinstance(data, list):
+        items = [_fill(v, values, count) for v in data]
+        return sum(items) if count else items
+    if isinstance(data, str) and data == SLOT:
+        return 1 if count else next(values)
+    return 0 if count else data
 
 
 def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> StreamingResponse:
