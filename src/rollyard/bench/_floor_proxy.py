@@ -1,4 +1,5 @@
-"""The least a Python HTTP hop can do: relay ``POST /v1/completions`` bytes to one engine.
+"""The least a Python HTTP hop can do: relay ``POST /v1/completions`` bytes to one engine
+(a streamed answer piece by piece, as it arrives).
 
 ``rollyard bench gateway`` runs it beside the gateway as a floor: same server stack (uvicorn
 with uvloop and httptools when installed), same client (aiohttp, pooled), no parsing, rendering,
@@ -46,16 +47,16 @@ def make_app(engine_url: str) -> Any:
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096))
         headers = {"content-type": "application/json"}
         async with session.post(target, data=body, headers=headers) as r:
-            data = await r.read()
-            status = r.status
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": data})
+            kind = r.headers.get("content-type", "application/json").encode()
+            await send(
+                {"type": "http.response.start", "status": r.status, "headers": [(b"content-type", kind)]}
+            )
+            if not kind.startswith(b"text/event-stream"):
+                await send({"type": "http.response.body", "body": await r.read()})
+                return
+            async for chunk in r.content.iter_any():  # a stream: each piece on as it comes
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
     return app
 

@@ -37,7 +37,9 @@ Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a runnin
 as ``tiny``). ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned`` puts ``_canned_engine`` (answers at once,
 computes nothing) in vLLM's place, result ``gateway-canned``: latencies and throughput are then
 the gateway's and the relay's own, and their CPU per request is measured without an engine
-competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs).
+competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs;
+``stream_cpu_vs_floor_64``: the same for the streamed requests, the relay passing the engine's
+stream on piece by piece).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class Workload:
             "temperature": SAMPLING["temperature"],
         }
 
-    async def direct(self, n: int) -> dict[str, Any]:
+    async def direct(self, n: int, stream: bool = False) -> dict[str, Any]:
         from rollyard.gateway.routes_openai_chat import ChatCompletionBody, to_request
         from rollyard.gateway.sampling import context_limit, sampling_for
 
@@ -99,7 +101,7 @@ class Workload:
         await self.backend.model_name()
         limit = context_limit(self.program, self.backend.max_model_len)
         params = sampling_for(request, self.program, len(ids), limit)
-        return await self.backend.completion_body(ids, params)
+        return await self.backend.completion_body(ids, params, stream=stream)
 
 
 def _server_timing(header: str) -> dict[str, float]:
@@ -264,24 +266,36 @@ async def _level(
 
 
 async def _stream_level(
-    session: aiohttp.ClientSession, work: Workload, gw_url: str, gw_pid: int, keys: list[str], c: int, n: int
+    session: aiohttp.ClientSession,
+    work: Workload,
+    via: tuple[str, int],
+    keys: list[str],
+    c: int,
+    n: int,
+    relay: bool = False,
 ) -> dict[str, Any]:
-    """The same chat requests streamed, ``c`` at a time: the gateway's CPU per request (every
-    token its own event from the engine and to the client) and the events it sent."""
+    """The same chat requests streamed, ``c`` at a time, through ``via`` (url, pid): its CPU per
+    request (every token its own event from the engine and to the client) and the events it
+    sent. With ``relay`` it is the floor proxy, sent the engine bodies the gateway would send."""
+    url, pid = via
+    bodies = {i: await work.direct(i, stream=True) for i in range(n)} if relay else {}
 
     async def streamed(s: aiohttp.ClientSession, i: int, w: int) -> tuple[int, dict[str, float]]:
-        body = {**work.chat(i), "stream": True}
-        headers = {"Authorization": f"Bearer {keys[w % len(keys)]}"}
+        if relay:
+            target, body, headers = f"{url}/v1/completions", bodies[i], {}
+        else:
+            target, body = f"{url}/v1/chat/completions", {**work.chat(i), "stream": True}
+            headers = {"Authorization": f"Bearer {keys[w % len(keys)]}"}
         events = 0
-        async with s.post(f"{gw_url}/v1/chat/completions", json=body, headers=headers) as r:
+        async with s.post(target, json=body, headers=headers) as r:
             r.raise_for_status()
             async for line in r.content:
                 events += line.startswith(b"data: {")
         return events, {}
 
-    acc, cpu0 = _acc(), _cpu_seconds(gw_pid)
+    acc, cpu0 = _acc(), _cpu_seconds(pid)
     await _block(session, streamed, list(range(n)), c, acc)
-    cpu = _cpu_seconds(gw_pid) - cpu0
+    cpu = _cpu_seconds(pid) - cpu0
     return {
         "requests": n,
         "events": acc["tokens"],  # what _block counts is what ``streamed`` returns: events
@@ -320,14 +334,18 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 details[f"c{c}"] = level
             # Streamed: the non-streamed 64-program level's requests, each token an event.
             details["stream_c64"] = await _stream_level(
-                session, work, gw_url, gw_pid, keys, 64, per_level[64]
+                session, work, (gw_url, gw_pid), keys, 64, per_level[64]
             )
-            # The floor: a bare Python relay in the gateway's place, same concurrency and bodies.
+            # The floor: a bare Python relay in the gateway's place, same concurrency and bodies
+            # (streamed too: the engine bodies the gateway sends for those chat requests).
             with _floor(engine_url) as relay:
                 await _level(session, work, urls, keys, 8, 16, relay)
                 floor = await _level(session, work, urls, keys, 64, per_level[64], relay)
                 floor.pop("_cpu_s")
                 details["floor_c64"] = floor
+                details["floor_stream_c64"] = await _stream_level(
+                    session, work, relay, keys, 64, per_level[64], relay=True
+                )
             t0 = time.perf_counter()
             _, open_keys = await _programs(session, gw_url, n_open)
             create_s = time.perf_counter() - t0
@@ -349,6 +367,9 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         # streamed over non-streamed, the gateway's CPU per request at 64 programs
         "stream_cpu_ratio_64": details["stream_c64"]["gateway_cpu_ms_per_req"]
         / c64["gateway_cpu_ms_per_req"],
+        # a streamed request's CPU over the bare relay's for the same stream
+        "stream_cpu_vs_floor_64": details["stream_c64"]["gateway_cpu_ms_per_req"]
+        / details["floor_stream_c64"]["gateway_cpu_ms_per_req"],
         "load1": os.getloadavg()[0],
     }
     details["pooled_64"] = {
