@@ -24,7 +24,8 @@ def event(data: Any, name: str | None = None) -> str:
     return f"{head}data: {data if isinstance(data, str) else _dumps(data)}\n\n"
 
 
-# A value no JSON a client sends can hold as a whole string (NUL-delimited), marking a slot.
+# Where a ``Frame``'s value goes. A client could send this text too (a model name, say): a
+# frame whose other values hold it is then encoded whole at each use.
 SLOT = "\x00rollyard-slot\x00"
 _SLOT_JSON = _dumps(SLOT)
 
