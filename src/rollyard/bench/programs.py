@@ -251,10 +251,8 @@ def main(quick: bool = False) -> None:
                     res = asyncio.run(_run_path(path, engine_urls, None, n, turns, tag))
                 else:
                     policy = ["--policy", OURS if path == "rollyard" else path]
-                    with _gateway(engine_urls, model_dir, policy, model_name=SERVED, capacity=None) as (
-                        gw,
-                        _,
-                    ):
+                    served = _gateway(engine_urls, model_dir, policy, model_name=SERVED, capacity=None)
+                    with served as (gw, _):
                         res = asyncio.run(_run_path(path, engine_urls, gw, n, turns, tag))
                 per_path[path].append(res)
                 print(f"round {r} {path}: {res}", flush=True)
