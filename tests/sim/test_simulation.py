@@ -181,6 +181,30 @@ def test_divided_rollout_runs_a_turn_as_chunks_that_keep_the_program_reasoning()
     assert len(r.stats.request_latency) == len(whole.stats.request_latency)  # a turn is still one request
 
 
+def test_a_correlated_group_spreads_its_members_below_one_longest_answer() -> None:
+    w = workload(programs=400, group_size=8, turns={"value": 1}, group_spread=1.0, max_context=32768,
+                 output_tokens={"dist": "lognormal", "median": 400, "sigma": 1.0, "min": 4})  # fmt: skip
+    plans = w.plans()
+    assert plans == w.plans()  # seeded
+    by_group: dict[str, list[int]] = {}
+    for p in plans:
+        by_group.setdefault(p.group_id, []).append(p.turns[0].output_tokens)
+    tops = [max(v) for v in by_group.values()]
+    for outs in by_group.values():
+        assert all(max(4, max(outs) / 10) - 1 <= o <= max(outs) for o in outs)  # within one decade
+    # the longest member is at a random place, not always first
+    assert len({outs.index(max(outs)) for outs in by_group.values()}) > 4
+    # groups differ ~10x (sigma 1), members within one: a sibling's length says much of its group's
+    assert max(tops) / min(tops) > 20
+    # off (the default), the same programs' answers are drawn independently, as before
+    same = workload(programs=400, group_size=8, turns={"value": 1},
+                    output_tokens={"dist": "lognormal", "median": 400, "sigma": 1.0, "min": 4})  # fmt: skip
+    assert [p.turns for p in same.plans()] != [p.turns for p in plans]
+    assert [p.turns for p in same.plans()] == [p.turns for p in workload(
+        programs=400, group_size=8, turns={"value": 1}, group_spread=0.0,
+        output_tokens={"dist": "lognormal", "median": 400, "sigma": 1.0, "min": 4}).plans()]  # fmt: skip
+
+
 def test_the_cli_compares_policies_into_a_report_directory(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -98,6 +98,11 @@ class Workload(_Model):
     turns: Dist = Field(default_factory=lambda: Dist(value=1))
     prompt_tokens: Dist  # the task prompt (shared by a group)
     output_tokens: Dist
+    # Seer's premise, that a GRPO group's samples have related lengths: with a spread of S
+    # decades, a group draws each turn's longest answer from ``output_tokens`` and each member
+    # gets that times 10**-U(0, S) (one member, at a random place, the longest itself); 0 draws
+    # every program's answers independently, so a sibling says nothing about the others.
+    group_spread: float = Field(default=0.0, ge=0, le=6)
     tool_tokens: Dist = Field(default_factory=Dist)  # appended to the context after each tool call
     tool_s: Dist = Field(default_factory=Dist)
     max_context: int = Field(default=32768, ge=16)
@@ -123,17 +128,25 @@ class Workload(_Model):
         for g in range(self.programs // self.group_size):
             grng = random.Random(f"{self.seed}:group:{g}")
             prompt = max(1, round(self.prompt_tokens.sample(grng)))
+            longest = grng.randrange(self.group_size) if self.group_spread else -1
             for m in range(self.group_size):
                 rng = random.Random(f"{self.seed}:program:{g}:{m}")
-                out.append(self._plan(f"p{g}.{m}", f"g{g}", prompt, rng))
+                spread = self.group_spread and m != longest  # no draw when off: plans stay as they were
+                scale = 10 ** -rng.uniform(0, self.group_spread) if spread else 1.0
+                out.append(self._plan(f"p{g}.{m}", f"g{g}", prompt, rng, scale))
         return out
 
-    def _plan(self, pid: str, gid: str, prompt: int, rng: random.Random) -> ProgramPlan:
+    def _plan(self, pid: str, gid: str, prompt: int, rng: random.Random, scale: float) -> ProgramPlan:
         n = max(1, round(self.turns.sample(rng)))
         turns: list[Turn] = []
         context = min(prompt, self.max_context - 1)
         for i in range(n):
-            out = max(1, round(self.output_tokens.sample(rng)))
+            if self.group_spread:  # the group's longest answer at this turn, scaled to this member
+                top = self.output_tokens.sample(random.Random(f"{self.seed}:{gid}:turn:{i}"))
+                drawn = max(self.output_tokens.min, top * scale)
+            else:
+                drawn = self.output_tokens.sample(rng)
+            out = max(1, round(drawn))
             out = min(out, self.max_context - context)
             last = i == n - 1
             tool_s = 0.0 if last else self.tool_s.sample(rng)
