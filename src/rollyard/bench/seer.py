@@ -324,6 +324,8 @@ def main(quick: bool = False) -> dict[str, Any]:
         "rounds": res,
         "load_before": load_before,
     }
-    # another gateway capacity is a diagnostic run: its own result file, the headline stays
-    name = "seer" if cfg["capacity"] == defaults(quick)["capacity"] else f"seer-capacity{cfg['capacity']}"
+    # a run with other settings is a diagnostic: its own result file (seer-capacity16,
+    # seer-kvtokens4096, ...), the headline stays
+    base = defaults(quick)
+    name = "seer" + "".join(f"-{k.replace('_', '')}{v}" for k, v in cfg.items() if v != base[k])
     return report(name, summary, details)
