@@ -20,13 +20,16 @@ def parse_policy(spec: str):  # type: ignore[no-untyped-def]
 
 @app.command("sim")
 def sim(
-    target: str = typer.Argument(..., help="workload YAML or name (swe, search, math), or calibrate"),
+    target: str = typer.Argument(
+        ..., help="workload YAML or shipped name (swe, math, seer...), or calibrate"
+    ),
     policy: list[str] = typer.Option(["fifo"], "--policy", "-p", help="NAME or NAME,order=X; repeatable"),
     engines: int | None = typer.Option(None, help="override the workload's engine count"),
     programs: int | None = typer.Option(None, help="override the workload's program count"),
     profile: str | None = typer.Option(None, help="engine profile: name or YAML (default: the workload's)"),
     seed: int | None = typer.Option(None, help="override the workload's seed"),
     divide_tokens: int | None = typer.Option(None, help="divided rollout chunk (gateway --divide-tokens)"),
+    kv_tokens: int | None = typer.Option(None, help="override the profile's KV cache size, in tokens"),
     out: Path | None = typer.Option(None, help="report directory (default: sim-runs/WORKLOAD)"),
     engine: str | None = typer.Option(None, help="calibrate: the vLLM base URL, e.g. http://127.0.0.1:8000"),
     name: str = typer.Option("calibrated", help="calibrate: the profile's name"),
@@ -52,6 +55,8 @@ def sim(
 
     w = load_workload(target, engines=engines, programs=programs, seed=seed, divide_tokens=divide_tokens)
     prof = load_profile(profile or w.profile)
+    if kv_tokens is not None:
+        prof = prof.with_kv_tokens(kv_tokens)
     results = []
     for spec in policy:
         r = Simulation(w, parse_policy(spec), prof).run()

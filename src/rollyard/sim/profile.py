@@ -56,6 +56,18 @@ class EngineProfile(BaseModel):
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
+    def with_kv_tokens(self, tokens: int) -> EngineProfile:
+        """The same engine with a KV cache of ``tokens`` (whole blocks): what a larger model, a
+        longer context or a lower ``gpu_memory_utilization`` leaves of the same GPU, named so
+        reports say so. Like vLLM, refuses a cache that cannot hold one ``max_model_len`` sequence."""
+        blocks = -(-tokens // self.block_size)
+        try:
+            return EngineProfile.model_validate(
+                {**self.model_dump(), "name": f"{self.name}-kv{tokens}", "num_blocks": blocks}
+            )
+        except ValidationError as e:
+            raise ConfigError(f"--kv-tokens {tokens}: {e.errors()[0]['msg']}") from None
+
     def step_s(self, tokens: int, seqs: int, decode_ctx: float = 0.0, prefill_pairs: float = 0.0) -> float:
         return (
             self.overhead_s
