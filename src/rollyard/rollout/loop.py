@@ -30,7 +30,7 @@ from rollyard.rollout.config import Config
 from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
 from rollyard.rollout.rundir import RunDir
-from rollyard.rollout.services import Services
+from rollyard.rollout.services import Services, publish_healing
 from rollyard.rollout.stats import step_stats
 from rollyard.rollout.sync import produce_in_steps
 from rollyard.rollout.threads import in_daemon_thread
@@ -173,7 +173,7 @@ class TrainingLoop:
     async def _publish(self, groups: list[GroupRecord]) -> None:
         """The trained weights become version step+1 on every engine; the groups are spent."""
         version = self.s.version + 1
-        path = await self.publisher.publish(self.trainer.model, version)
+        path = await publish_healing(self.publisher, self.svc.fleet, self.trainer.model, version)
         self.svc.fleet.live(path, version)
         self.s.version, self.s.step = version, self.s.step + 1
         for g in groups:

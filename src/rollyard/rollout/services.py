@@ -18,13 +18,14 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
-from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError
+from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
 from rollyard.core.net import free_port
 from rollyard.engines.base import EngineStats
 from rollyard.engines.launcher import VLLMServer
@@ -42,6 +43,7 @@ from rollyard.rollout.rewarding import RunJudge, make_judge
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.sandbox.pool import SandboxPool
+from rollyard.train.publish import WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,20 @@ log = logging.getLogger(__name__)
 LOGPROBS_OF_SAMPLED = ("--logprobs-mode", "processed_logprobs")
 
 ENGINE_STOP_S = 5.0  # how long a stopping engine may take before its process group is SIGKILLed
+
+
+async def publish_healing(publisher: WeightPublisher, fleet: EngineFleet, model: Any, version: int) -> Path:
+    """Publish ``version``; if an engine refuses it because it died after the rollout (no program
+    met the dead engine, so none healed it), restart the dead engines on the live weights and
+    publish again. With nothing to restart (an engine given by URL, or a live one that refuses)
+    the step fails as before."""
+    try:
+        return await publisher.publish(model, version)
+    except TrainError:
+        if not await fleet.heal():
+            raise
+        log.warning("an engine died before weights v%d reached it; restarted, publishing again", version)
+        return await publisher.publish(model, version)
 
 
 @dataclass
