@@ -14,7 +14,7 @@ from train_batches import make_group
 
 from rollyard.core import FakeClock
 from rollyard.train import build_model
-from rollyard.train.distributed import DataParallel
+from rollyard.train.distributed import DataParallel, leave_group
 from rollyard.train.trainer import TrainConfig, Trainer
 
 
@@ -41,7 +41,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         if rank == 0:
             torch.save({"losses": losses, "weights": model.state_dict()}, out)
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 def _free_port() -> int:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from rollyard.core.errors import TrainError
 from rollyard.core.net import free_port
 from rollyard.core.sample import Sample
-from rollyard.train.distributed import DataParallel
+from rollyard.train.distributed import DataParallel, leave_group
 from rollyard.train.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _worker(
             except Exception as e:  # reported to rank 0, which raises it
                 pipe.send(("error", f"{type(e).__name__}: {e}"))
     finally:
-        dist.destroy_process_group()
+        leave_group()
 
 
 class RankGroup:
@@ -142,9 +142,8 @@ class RankGroup:
         for p in self._pipes:
             with contextlib.suppress(BrokenPipeError, OSError):
                 p.send(("stop", None))
+        leave_group()  # with the workers, which leave on "stop"
         for proc in self._procs:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
