@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from rollyard.core.errors import ConfigError
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.vllm import VLLMBackend
-from rollyard.sim.calibrate import fit, request_body
+from rollyard.sim.calibrate import Points, fit, profile_of, request_body
 
 
 def test_fit_recovers_the_step_model_it_was_given() -> None:
@@ -42,3 +43,23 @@ async def test_timing_requests_have_the_gateways_shape() -> None:
     assert ours.pop("min_tokens") == 4
     assert ours == gateway
     assert ours["temperature"] == 1.0 and ours["logprobs"] == 0
+
+
+def test_pooled_calibrations_fit_as_one_over_all_their_points() -> None:
+    # two noisy quick calibrations of one engine: pooled, the fit is that of all the points
+    info = {"model": "tiny", "max_model_len": 2048, "num_blocks": 256, "block_size": 64}
+    o, t = 0.01, 2e-4
+    a = Points(info, [(b, 100.0, (o + t * b) * 1.2) for b in (1, 8, 32)], [(16, 0.02), (256, 0.07)])
+    b = Points(info, [(b, 1000.0, (o + t * b) * 0.8) for b in (1, 8, 32)], [(1024, 0.25)])
+    pooled = a + b
+    assert pooled.decode == a.decode + b.decode and pooled.prefill == a.prefill + b.prefill
+    assert fit(pooled.decode, pooled.prefill) == fit(a.decode + b.decode, a.prefill + b.prefill)
+    profile, comment = profile_of(pooled, name="pooled", url="http://127.0.0.1:1")
+    assert profile.num_blocks == 256 and profile.block_size == 64
+    assert "(32,1000," in comment  # the file's header records every point it was fitted to
+
+
+def test_calibrations_of_different_engines_do_not_pool() -> None:
+    info = {"model": "tiny", "max_model_len": 2048, "num_blocks": 256, "block_size": 64}
+    with pytest.raises(ConfigError, match="different engines"):
+        Points(info) + Points({**info, "num_blocks": 64})

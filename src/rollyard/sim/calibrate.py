@@ -8,6 +8,10 @@ request of L tokens and one output token. Least squares fits the step model of
 ``EngineProfile`` and its per-request cost (``request_s``: HTTP and admission, which only the
 prefill timings carry; the decode differences cancel it); KV capacity comes from vLLM's
 ``cache_config_info`` metric.
+
+``measure`` and ``profile_of`` are the two halves: several measurements (``Points``, added with
+``+``) fit as one, which is how ``rollyard bench sim`` pools the quick calibrations it runs
+between live runs into one profile with several times their points.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import random
 import re
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,7 @@ import numpy as np
 from rollyard.core.errors import ConfigError, EngineUnavailable
 from rollyard.sim.profile import EngineProfile, save_profile
 
-__all__ = ["GATEWAY_SAMPLING", "calibrate", "fit", "request_body"]
+__all__ = ["GATEWAY_SAMPLING", "Points", "calibrate", "fit", "measure", "profile_of", "request_body"]
 
 
 async def _info(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -114,7 +119,23 @@ def fit(decode: list[tuple[int, float, float]], prefill: list[tuple[int, float]]
     return out
 
 
-async def _measure(url: str, quick: bool, seed: int) -> tuple[dict[str, Any], list[Any], list[Any]]:
+@dataclass(frozen=True)
+class Points:
+    """One engine's timing points: ``decode`` (batch, mean context, s/step), ``prefill``
+    (prompt tokens, s), and what its ``/metrics`` and ``/v1/models`` said (``info``)."""
+
+    info: dict[str, Any]
+    decode: list[tuple[int, float, float]] = field(default_factory=list)
+    prefill: list[tuple[int, float]] = field(default_factory=list)
+
+    def __add__(self, other: Points) -> Points:
+        """Both measurements' points, for one fit (of the same engine: ``info`` must agree)."""
+        if other.info != self.info:
+            raise ConfigError(f"cannot pool calibrations of different engines: {self.info} vs {other.info}")
+        return Points(self.info, self.decode + other.decode, self.prefill + other.prefill)
+
+
+async def _measure(url: str, quick: bool, seed: int) -> Points:
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=600.0) as client:
         try:
@@ -142,22 +163,19 @@ async def _measure(url: str, quick: bool, seed: int) -> tuple[dict[str, Any], li
             n = min(top, n)
             runs = [await _batch(client, model, rng, 1, n, 1) for _ in range(3)]
             prefill.append((n, statistics.median(runs)))
-    return info, decode, prefill
+    return Points(info, decode, prefill)
 
 
-def calibrate(
-    url: str,
-    *,
-    name: str,
-    path: Path,
-    quick: bool = False,
-    seed: int = 0,
-    max_num_seqs: int = 128,
-    max_batched_tokens: int = 2048,
-) -> EngineProfile:
-    """Measure the engine at ``url``, fit, and write the profile to ``path``. The batch limits
-    are not visible from outside vLLM: pass the engine's (defaults: vLLM's CPU server defaults)."""
-    info, decode, prefill = asyncio.run(_measure(url, quick, seed))
+def measure(url: str, *, quick: bool = False, seed: int = 0) -> Points:
+    """Time the engine at ``url`` (``quick``: 3 batch sizes x 2 contexts, 3 prefill lengths)."""
+    return asyncio.run(_measure(url, quick, seed))
+
+
+def profile_of(
+    points: Points, *, name: str, url: str, max_num_seqs: int = 128, max_batched_tokens: int = 2048
+) -> tuple[EngineProfile, str]:
+    """The fitted profile and a comment that records the points and the fit (the file's header)."""
+    info, decode, prefill = points.info, points.decode, points.prefill
     coef = fit(decode, prefill)
     if coef["overhead_s"] <= 0 and coef["per_token_s"] <= 0:
         raise ConfigError(f"calibration of {url} gave no usable fit: {coef}")
@@ -182,5 +200,24 @@ def calibrate(
         + ", ".join(f"({b},{c:.0f},{s:.4f})" for b, c, s in decode),
         "prefill points (tokens, s): " + ", ".join(f"({n},{s:.4f})" for n, s in prefill),
     ]
-    save_profile(profile, path, "\n".join(lines))
+    return profile, "\n".join(lines)
+
+
+def calibrate(
+    url: str,
+    *,
+    name: str,
+    path: Path,
+    quick: bool = False,
+    seed: int = 0,
+    max_num_seqs: int = 128,
+    max_batched_tokens: int = 2048,
+) -> EngineProfile:
+    """Measure the engine at ``url``, fit, and write the profile to ``path``. The batch limits
+    are not visible from outside vLLM: pass the engine's (defaults: vLLM's CPU server defaults)."""
+    points = measure(url, quick=quick, seed=seed)
+    profile, comment = profile_of(
+        points, name=name, url=url, max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens
+    )
+    save_profile(profile, path, comment)
     return profile
