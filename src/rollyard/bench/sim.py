@@ -34,10 +34,11 @@ import httpx
 
 from rollyard.bench._procs import _cpu_seconds, _engine, _gateway, _host_busy_seconds
 from rollyard.bench._report import RESULTS_DIR, loadavg, report
-from rollyard.bench._sim_live import run_live
+from rollyard.bench._sim_live import LiveRun, run_live
 from rollyard.sched import make_policy, policy_from_spec, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
-from rollyard.sim.profile import save_profile
+from rollyard.sim.calibrate import Points, measure, profile_of
+from rollyard.sim.profile import EngineProfile, save_profile
 from rollyard.sim.report import write_report
 from rollyard.sim.workload import Workload
 
@@ -112,7 +113,7 @@ def rank_ok(val: dict[str, Any], policies: list[str]) -> tuple[int, int]:
     return int(agree), pairs
 
 
-def _replayed(w: Workload, name: str, profile: Any, run: Any, load: str) -> dict[str, Any]:
+def _replayed(w: Workload, name: str, profile: EngineProfile, run: LiveRun, load: str) -> dict[str, Any]:
     """A live run beside its replay: the same trace, policy and gateway start, on ``profile``."""
     sim = Simulation(w, policy_from_spec(name), profile, plans=run.plans, shell_up_s=run.shell_up_s)
     summary = sim.run().summary
@@ -140,8 +141,6 @@ def validate(
     The warm-up matters: the first live run after calibration met shapes the engine had not run
     yet and was 1.3-3x slower than the same policy run later (2026-12-01, quiet machine), so a
     single pass charged that to whichever policy ran first."""
-    from rollyard.sim.calibrate import measure, profile_of
-
     rounds = rounds or (1 if quick else 3)
     w = load_workload("cpu-small", programs=16 if quick else None)
     out: dict[str, Any] = {"committed_profile": load_profile(w.profile).model_dump(), "rounds": rounds}
@@ -149,10 +148,10 @@ def validate(
         out["calibrate_loadavg"] = loadavg()
         every = measure(engine_url, quick=True)
 
-        def fitted(points: Any) -> Any:
+        def fitted(points: Points) -> tuple[EngineProfile, str]:
             return profile_of(points, name="cpu-tiny", url=engine_url)
 
-        def live(w: Workload, name: str) -> Any:
+        def live(w: Workload, name: str) -> LiveRun:
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
             with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, gw_pid):
@@ -173,8 +172,8 @@ def validate(
                 }
                 return run
 
-        def play(w: Workload, seed: int) -> tuple[dict[str, Any], Any]:
-            lived: dict[str, list[tuple[Any, str]]] = {name: [] for name in policies}
+        def play(w: Workload, seed: int) -> tuple[dict[str, Any], Points]:
+            lived: dict[str, list[tuple[LiveRun, str]]] = {name: [] for name in policies}
             points = []
             for r in range(rounds):
                 # Fresh prompts per calibration (seed), so none meets an earlier one's prompts cached.
