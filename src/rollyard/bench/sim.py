@@ -6,9 +6,10 @@ from), one unmeasured live run warms the engine, then in three rounds (policies 
 order) the ``cpu-small`` workload runs live (its programs as scripted clients of a real
 ``rollyard gateway`` in front of one real tiny-model vLLM, see ``_sim_live``), once per
 policy, on one engine; each live run's trace (the token counts the gateway reported, the tool
-sleeps) is replayed in the simulator with the profile its round calibrated just before, and
-the same policy. Reported: the relative error of the medians of simulated vs live throughput and
-p50/p99 request latency, and whether the simulator ranks the policies by throughput as the live runs do.
+sleeps) is replayed in the simulator with the same policy on one profile fitted to every
+round's calibration of its workload (``validate`` says why pooled). Reported: the relative
+error of the medians of simulated vs live throughput and p50/p99 request latency, and whether
+the simulator ranks the policies by throughput as the live runs do.
 The same three rounds then run ``cpu-pressure`` (48 programs whose running contexts exceed the
 KV cache, where the policies can differ by more than a run's noise): ``*_pressure`` in the summary.
 
