@@ -82,6 +82,34 @@ def test_a_formatted_tool_call_parses_back(name: str, args: dict) -> None:
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [(name, args)]
 
 
+# Argument text that holds the template's own markers: code about tool calls, or a random model
+# (which wrote a literal ``</tool_call>`` inside a forced call's string in 4 of 1,000 calls).
+marked = st.lists(
+    st.sampled_from([ct.TOOL_CALL_OPEN, ct.TOOL_CALL_CLOSE, ct.THINK_OPEN, ct.IM_END, "}", '"', "x"]),
+    max_size=6,
+).map("".join)
+
+
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.from_regex(r"[a-z_]{1,10}", fullmatch=True), st.dictionaries(st.text(max_size=5), marked)
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    between=st.sampled_from(["", "\n", " then "]),
+)
+def test_a_call_whose_arguments_hold_the_markers_parses_back(
+    calls: list[tuple[str, dict]], between: str
+) -> None:
+    text = "plan: " + between.join(ct.format_tool_call(n, a) for n, a in calls)
+    parsed = ct.parse_assistant(text + ct.IM_END)
+    assert not parsed.malformed, parsed.errors
+    assert parsed.content == "plan: " + between * (len(calls) - 1)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == calls
+
+
 @pytest.mark.parametrize(
     "bad",
     [
