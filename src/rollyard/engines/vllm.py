@@ -54,6 +54,11 @@ def _dumps(obj: Any) -> str:
     return pydantic_core.to_json(obj).decode()
 
 
+# Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``
+# and ``text()`` add a str round trip and a charset lookup to every request.
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
 class VLLMBackend:
     """One vLLM server. ``policy_version`` is the version of the last weights we loaded.
 
@@ -138,8 +143,8 @@ class VLLMBackend:
     def policy_version(self) -> int:
         return self._version
 
-    async def _request(self, method: str, path: str, *, answer: bool = False, **kw: Any) -> tuple[int, str]:
-        """Status and body text of one call; connection trouble becomes ``EngineUnavailable``.
+    async def _request(self, method: str, path: str, *, answer: bool = False, **kw: Any) -> tuple[int, bytes]:
+        """Status and body of one call; connection trouble becomes ``EngineUnavailable``.
 
         ``answer``: the call serves one client request (a completion). Then an error status is
         that request's failure, not the engine's: a 4xx is the request's fault (400), a 5xx an
@@ -148,14 +153,14 @@ class VLLMBackend:
         """
         try:
             async with await self._send(method, path, **kw) as resp:
-                status, text = resp.status, await resp.text()
+                status, body = resp.status, await resp.read()
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} unreachable: {type(e).__name__}: {e}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out on {path}") from e
         if status < 300:
-            return status, text
-        self._raise_status(status, text, path, answer)
+            return status, body
+        self._raise_status(status, body.decode(errors="replace"), path, answer)
         raise AssertionError("unreachable")
 
     def _raise_status(self, status: int, text: str, path: str, answer: bool) -> None:
@@ -233,9 +238,12 @@ class VLLMBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
         version = self._version
-        text = (await self._request("POST", "/v1/completions", answer=True, json=body))[1]
+        raw = pydantic_core.to_json(body)
+        _, answer = await self._request(
+            "POST", "/v1/completions", answer=True, data=raw, headers=_JSON_HEADERS
+        )
         try:
-            data = loads(text)
+            data = loads(answer)
             choice = data["choices"][0]
             ids = token_ids(choice)
             usage = data.get("usage") or {}
@@ -243,7 +251,8 @@ class VLLMBackend:
             lps = token_logprobs(choice, len(ids))
             top = top_logprobs(choice, len(ids), params.top_logprobs)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-            raise EngineError(f"engine {self.name} answered an unreadable completion: {text[:200]}") from e
+            shown = answer[:200].decode(errors="replace")
+            raise EngineError(f"engine {self.name} answered an unreadable completion: {shown}") from e
         return Completion(
             token_ids=ids,
             logprobs=lps,
@@ -259,9 +268,11 @@ class VLLMBackend:
         body = await self.completion_body(prompt_ids, params, stream=True)
         version = self._version
         try:
-            async with await self._send("POST", "/v1/completions", json=body) as resp:
+            raw = pydantic_core.to_json(body)
+            async with await self._send("POST", "/v1/completions", data=raw, headers=_JSON_HEADERS) as resp:
                 if resp.status >= 300:
-                    self._raise_status(resp.status, await resp.text(), "/v1/completions", answer=True)
+                    text = (await resp.read()).decode(errors="replace")
+                    self._raise_status(resp.status, text, "/v1/completions", answer=True)
                 events, done = SSEPayloads(), False
                 while not done:  # what arrived together is one delta (stream_read)
                     chunk = await resp.content.readany()
@@ -290,7 +301,7 @@ class VLLMBackend:
             raise EngineError(f"engine {self.name} streamed an unreadable event: {text}") from e
 
     async def stats(self) -> EngineStats:
-        return parse_vllm_metrics((await self._request("GET", "/metrics"))[1])
+        return parse_vllm_metrics((await self._request("GET", "/metrics"))[1].decode(errors="replace"))
 
     async def health(self) -> bool:
         try:

@@ -41,7 +41,14 @@ def _logprob(entry: Any) -> float:
 def token_logprobs(choice: dict[str, Any], n: int) -> list[float]:
     """The sampled tokens' logprobs, one per id (``n``)."""
     lp = choice.get("logprobs") or {}
-    values = [_logprob(x) for x in (lp.get("token_logprobs") or [])]
+    raw = lp.get("token_logprobs") or []
+    try:  # the usual answer, all finite numbers, without a call per token
+        values = [float(x) for x in raw]
+        finite = math.isfinite(sum(values))  # an inf or nan anywhere makes the sum one
+    except TypeError:  # a null
+        finite = False
+    if not finite:
+        values = [_logprob(x) for x in raw]
     if len(values) != n:
         raise EngineError(f"engine returned {n} token ids but {len(values)} logprobs")
     return values

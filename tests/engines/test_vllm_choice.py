@@ -1,0 +1,38 @@
+"""Reading a vLLM choice's logprobs: the one-pass path for all-finite answers gives what the
+per-token rule gives for any answer (nulls, infinities, NaN, huge values)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rollyard.core import EngineError
+from rollyard.engines.vllm_choice import token_logprobs
+
+values = st.one_of(
+    st.none(), st.floats(), st.integers(-(10**6), 0), st.sampled_from([-math.inf, math.nan, 1e308])
+)
+
+
+def per_token(raw: list[object]) -> list[float]:
+    """The rule, one entry at a time: null is 0, anything not finite is -1e4."""
+    out = []
+    for x in raw:
+        v = float(x) if x is not None else 0.0  # type: ignore[arg-type]
+        out.append(v if math.isfinite(v) else -1e4)
+    return out
+
+
+@given(raw=st.lists(values, max_size=40))
+def test_logprobs_read_in_one_pass_equal_the_per_token_rule(raw: list[object]) -> None:
+    got = token_logprobs({"logprobs": {"token_logprobs": raw}}, len(raw))
+    assert got == per_token(raw)
+    assert all(math.isfinite(v) for v in got)
+
+
+def test_a_count_that_differs_from_the_ids_is_the_engines_error() -> None:
+    with pytest.raises(EngineError, match="3 token ids but 2 logprobs"):
+        token_logprobs({"logprobs": {"token_logprobs": [-1.0, -2.0]}}, 3)
