@@ -118,6 +118,8 @@ def test_a_call_whose_arguments_hold_the_markers_parses_back(
         '<tool_call>{"name": "x", "arguments": [1]}</tool_call>',
         '<tool_call>{"name": "x"',
         "text </tool_call>",
+        "<tool_call>" + "[" * 100_000,  # nested past what json reads: once a RecursionError
+        "<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>",
     ],
 )
 def test_malformed_tool_calls_are_flagged_and_kept_as_text(bad: str) -> None:

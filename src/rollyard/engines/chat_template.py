@@ -204,7 +204,7 @@ def _call_spans(text: str) -> list[tuple[int, int, str]]:
             after = _SPACE.match(text, after).end()  # type: ignore[union-attr]
             if text.startswith(TOOL_CALL_CLOSE, after):
                 end = after
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past what json reads
             pass
         if end < 0:
             end = text.find(TOOL_CALL_CLOSE, body)
@@ -236,8 +236,8 @@ def parse_assistant(text: str) -> ParsedAssistant:
             if not isinstance(args, dict):
                 raise ValueError("'arguments' must be an object")
             calls.append(ToolCall(obj["name"], args))
-        except ValueError as e:  # json.JSONDecodeError is a ValueError
-            errors.append(str(e))
+        except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError
+            errors.append(str(e) or type(e).__name__)
     bounds = [0, *(b for start, stop, _ in spans for b in (start, stop)), len(text)]
     content = "".join(text[bounds[k] : bounds[k + 1]] for k in range(0, len(bounds), 2))
     stray = TOOL_CALL_OPEN in content or TOOL_CALL_CLOSE in content
