@@ -152,3 +152,27 @@ def test_a_refused_call_is_an_event_of_its_program_and_a_looping_client_is_bound
         post(client, CHAT, key, {"messages": []})
     events = [e for e in trajectory(client, pid)["events"] if e["kind"] == "request_error"]
     assert len(events) == MAX_ERROR_EVENTS
+
+
+DEEP = "[" * 100_000  # a JSON text nested past what json reads (once a RecursionError: a 500)
+
+
+@pytest.mark.parametrize("api", ["openai", "responses"])
+def test_tool_call_arguments_nested_past_jsons_depth_are_kept_as_text(client: TestClient, api: str) -> None:
+    key = new_program(client)["api_key"]
+    user = {"role": "user", "content": "go"}
+    if api == "openai":
+        call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": DEEP}}
+        msgs = [user, {"role": "assistant", "content": None, "tool_calls": [call]}]
+        msgs.append({"role": "tool", "tool_call_id": "c1", "content": "a"})
+        path, body = CHAT, {"messages": msgs, "max_tokens": 4}
+    else:
+        items = [user, {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": DEEP}]
+        items.append({"type": "function_call_output", "call_id": "c1", "output": "a"})
+        path, body = "/v1/responses", {"input": items, "max_output_tokens": 16}
+    status, answer = post(client, path, key, body)
+    assert status == 200, answer
+    if api == "openai":  # the next turn's history is compared with the recorded one, call and all
+        msgs += [answer["choices"][0]["message"], {"role": "user", "content": "more"}]
+        status, answer = post(client, path, key, body)
+        assert status == 200, answer

@@ -84,7 +84,7 @@ def parse_arguments(raw: dict[str, Any] | str | None) -> dict[str, Any] | str:
         return raw
     try:
         obj = json.loads(raw) if raw.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what json reads
         return raw
     return obj if isinstance(obj, dict) else raw
 

@@ -33,7 +33,7 @@ class ToolCall:
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):  # kept as text by parse_arguments too
                 return self.name, args.strip()
         return self.name, _CANONICAL_JSON.encode(args)
 
