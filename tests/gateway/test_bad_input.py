@@ -48,6 +48,18 @@ def test_malformed_json_gets_400_not_500(client: TestClient) -> None:
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
+@pytest.mark.parametrize("path", [CHAT, MSGS, "/v1/responses"])
+def test_a_body_nested_too_deep_gets_400_with_the_reason(client: TestClient, path: str) -> None:
+    key = new_program(client)["api_key"]
+    body = '{"messages": [{"role": "user", "content": "x", "x": ' + "[" * 1000 + "]" * 1000 + "}]}"
+    r = client.post(
+        path, content=body, headers={"Authorization": f"Bearer {key}", "content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("request body is not valid JSON: recursion limit exceeded"), message
+
+
 def test_anthropic_errors_use_the_anthropic_shape(client: TestClient) -> None:
     status, err = post(
         client, MSGS, "wrong-key", {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}

@@ -157,9 +157,11 @@ async def _on_validation(request: Request, e: Exception) -> JSONResponse:
     count_failure(request, e)
     errs = list(e.errors())
     first = errs[0] if errs else {}
-    if first.get("type") == "json_invalid":
-        record_failure(request, 400, "invalid_json", "request body is not valid JSON")
-        return error_response(request.url.path, 400, "request body is not valid JSON", "invalid_json")
+    if first.get("type") == "json_invalid":  # with the parser's reason (e.g. nesting too deep)
+        reason = str((first.get("ctx") or {}).get("error") or "")[:200]
+        message = "request body is not valid JSON" + (f": {reason}" if reason else "")
+        record_failure(request, 400, "invalid_json", message)
+        return error_response(request.url.path, 400, message, "invalid_json")
     param = _loc(first) or None
     msg = "; ".join(f"{_loc(x) or 'body'}: {str(x.get('msg', 'invalid'))[:200]}" for x in errs[:5])
     record_failure(request, 400, "invalid_request_error", msg)

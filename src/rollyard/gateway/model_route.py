@@ -57,10 +57,14 @@ class ModelRoute(APIRoute):
             try:
                 # Strict JSON: invalid UTF-8, lone surrogates and NaN/Infinity are refused here.
                 data = pydantic_core.from_json(raw, allow_inf_nan=False)
-            except ValueError:
-                raise RequestValidationError(
-                    [{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error"}]
-                ) from None
+            except ValueError as e:  # the parser's reason, as FastAPI's own json_invalid carries it
+                err = {
+                    "type": "json_invalid",
+                    "loc": ("body", 0),
+                    "msg": "JSON decode error",
+                    "ctx": {"error": str(e)},
+                }
+                raise RequestValidationError([err]) from None
             program = await caller(request)
             try:
                 body = model.model_validate(data)
