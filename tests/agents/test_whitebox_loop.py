@@ -62,6 +62,7 @@ def test_truncation_keeps_head_and_tail() -> None:
         ("rm_rf", "{}", "unknown tool 'rm_rf'"),
         ("bash", "{not json", "not valid JSON"),
         ("bash", "[1]", "must be a JSON object"),
+        ("bash", "[" * 100_000, "nested too deeply"),
         ("write_file", '{"path": "a"}', "needs string argument(s) content"),
     ],
 )

@@ -75,6 +75,8 @@ def parse_arguments(name: str, raw: str | None) -> dict[str, Any] | str:
         args = json.loads(raw or "{}")
     except json.JSONDecodeError as e:
         return f"error: arguments for {name} are not valid JSON ({e.msg})"
+    except RecursionError:  # valid or not, too deep for json to read: an answer, not a crash
+        return f"error: arguments for {name} are nested too deeply to read"
     if not isinstance(args, dict):
         return f"error: arguments for {name} must be a JSON object"
     missing = [k for k in _REQUIRED[name] if not isinstance(args.get(k), str)]
