@@ -40,6 +40,14 @@ def test_process_penalties_count_each_kind_per_turn(make_traj: Any) -> None:
     assert s.total == pytest.approx(1.0 + 2.0 * s.process)
 
 
+def test_arguments_nested_past_what_json_reads_count_as_text(make_traj: Any) -> None:
+    deep = "[" * 100_000  # a RecursionError in json.loads, not a ValueError
+    traj = make_traj([[10], [11]], tool_calls={0: [("bash", deep)], 1: [("bash", " " + deep)]})
+    cfg = RewardConfig(process=TermSpec(name="penalties", params={"per_turn_mean": False}), alpha=1.0)
+    (s,) = score_group([traj], cfg)
+    assert s.per_turn == pytest.approx([0.0, -0.5])  # the same text again: a repeated call
+
+
 def test_penalty_weights_of_zero_switch_a_check_off(make_traj: Any) -> None:
     traj = make_traj(
         [[10]], flags={0: ["malformed_tool_call"]}, tool_calls={0: [("bash", "ls")]}, tool_errors={0}

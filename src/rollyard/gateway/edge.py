@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from rollyard.core.errors import Forbidden, InvalidRequest, NotFound, RateLimited
+from rollyard.core.json_text import read_json
 from rollyard.core.program import Program
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.types import ToolCall
@@ -82,11 +82,8 @@ def parse_arguments(raw: dict[str, Any] | str | None) -> dict[str, Any] | str:
         return {}
     if isinstance(raw, dict):
         return raw
-    try:
-        obj = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):  # not JSON, or nested past what json reads
-        return raw
-    return obj if isinstance(obj, dict) else raw
+    obj = read_json(raw) if raw.strip() else {}
+    return obj if isinstance(obj, dict) else raw  # UNREADABLE too
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str | None, call_id: str | None) -> ToolCall:

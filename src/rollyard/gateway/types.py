@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rollyard.core.json_text import UNREADABLE, read_json
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import TopLogprobs
 
@@ -31,10 +32,9 @@ class ToolCall:
         """Name and argument JSON with sorted keys and no whitespace: SDK echoes compare equal."""
         args = self.arguments
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except (ValueError, RecursionError):  # kept as text by parse_arguments too
-                return self.name, args.strip()
+            text, args = args, read_json(args) if args.strip() else {}
+            if args is UNREADABLE:  # kept as text by parse_arguments too
+                return self.name, text.strip()
         return self.name, _CANONICAL_JSON.encode(args)
 
     def arguments_json(self) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from rollyard.core.errors import ConfigError, DataError
 from rollyard.core.events import EventKind, ToolCallEvent, ToolResultEvent
+from rollyard.core.json_text import UNREADABLE, read_json
 from rollyard.core.trajectory import Outcome, Trajectory
 from rollyard.rl.language import is_language_mixed
 from rollyard.rl.reward_base import RewardContext, TermKind, register_reward, turn_text
@@ -75,10 +76,9 @@ def judge(trajs: Sequence[Trajectory], params: dict[str, Any], ctx: RewardContex
 
 def _canonical(arguments: Any) -> str:
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return arguments.strip()
+        text, arguments = arguments, read_json(arguments)
+        if arguments is UNREADABLE:
+            return text.strip()
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
 
 
