@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
-from rollyard.core.events import CompletionEvent, ContextRewriteEvent, ToolCallEvent
-from rollyard.core.ids import wire_id
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
-from rollyard.core.trajectory import Event, EventKind, Turn, TurnTimings
 from rollyard.engines.base import Completion
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
@@ -31,6 +27,7 @@ from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
 from rollyard.gateway.streaming import TextStreamer, stream_completion
+from rollyard.gateway.turn_record import build_turn
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
 from rollyard.sched import Pause, Restore, Start
 
@@ -272,95 +269,29 @@ class Gateway:
         gen: Generated,
         submitted: float,
     ) -> ChatResult:
-        completion, dispatch, started = gen.completion, gen.dispatch, gen.started
-        prefix = "toolu_" if request.api == "anthropic" else "call_"
-        message, malformed = self.renderer.decode_completion(completion.token_ids, prefix, wire_id)
         prev = self.conversations.get(program.id)
-        index = prev.turn_index + 1 if prev else 0
-        segment = prev.segment if prev and plan.extends else (prev.segment + 1 if prev else 0)
-        flags = ["malformed_tool_call"] if malformed else []
-        if params.constrained:
-            flags.append("constrained_decoding")
-        if plan.closed_with_eos:
-            flags.append("eos_appended_to_previous")
-        turn = Turn.of_valid_parts(
-            index=index,
-            prompt_ids=plan.prompt_ids,
-            completion_ids=completion.token_ids,
-            completion_logprobs=completion.logprobs,
-            policy_version=completion.policy_version,
-            finish_reason=completion.finish_reason,
-            timings=TurnTimings(submitted=submitted, started=started, finished=self.clock.now()),
-            engine=dispatch.engine,
-            sampling=params.model_dump(mode="json"),
-            requested_sampling=request.requested_sampling(),
-            flags=flags,
+        rec = build_turn(
+            self.renderer, request, plan, params, gen, prev, submitted, self.clock.now(), self.model_name
         )
-        now = self.clock.now()
-        events: list[Event] = []
-        if prev and not plan.extends:
-            rewrite = ContextRewriteEvent(segment=segment, reason=plan.rewrite_reason or "", api=request.api)
-            events.append(Event.of(rewrite, turn_index=index, at=now))
+        if rec.rewrote:
             self.metrics.rewrites.inc()
-        if request.ignored:
-            events.append(
-                Event(kind=EventKind.IGNORED_PARAMS, turn_index=index, at=now, data=dict(request.ignored))
-            )
-        if dispatch.moved_from:
-            events.append(
-                Event(kind=EventKind.NOTE, turn_index=index, at=now, data={"moved_from": dispatch.moved_from})
-            )
-        if gen.notes:
-            events.append(Event(kind=EventKind.NOTE, turn_index=index, at=now, data=dict(gen.notes)))
-        text = CompletionEvent(text=message.content, reasoning=message.reasoning)
-        events.append(Event.of(text, turn_index=index, at=now))
-        events += [
-            Event.of(
-                ToolCallEvent(name=c.name, arguments=c.arguments, call_id=c.id), turn_index=index, at=now
-            )
-            for c in message.tool_calls
-        ]
-        if malformed:
+        if rec.malformed:
             self.metrics.malformed.inc()
-        response_id = request.response_id or wire_id("resp_")
-        state = ConversationState(
-            messages=list(request.messages),
-            tools_key=plan.tools_key,
-            returned=message,
-            prompt_ids=plan.prompt_ids,
-            completion_ids=completion.token_ids,
-            turn_index=index,
-            segment=segment,
-            response_id=response_id,
-        )
-        program.context_tokens = turn.total_tokens
-        self.pool.scheduler.observe(program.id, context_tokens=turn.total_tokens)
+        program.context_tokens = rec.turn.total_tokens
+        self.pool.scheduler.observe(program.id, context_tokens=rec.turn.total_tokens)
         # The state moves first: a client that disconnects mid-commit does not stop the commit
         # (the journal shields it), so the next turn must already build on this one.
-        self.conversations[program.id] = state
+        self.conversations[program.id] = rec.state
         try:
-            await self.journal.record_turn(program, turn, segment, events, state)
+            await self.journal.record_turn(program, rec.turn, rec.segment, rec.events, rec.state)
         except Exception:
             if prev is None:
                 self.conversations.pop(program.id, None)
             else:
                 self.conversations[program.id] = prev
             raise
-        self.metrics.counted_tokens(len(plan.prompt_ids), plan.reused_tokens, len(completion.token_ids))
-        return ChatResult(
-            message=message,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=len(plan.prompt_ids),
-            completion_tokens=len(completion.token_ids),
-            cached_tokens=completion.cached_prompt_tokens or 0,
-            completion_ids=completion.token_ids,
-            completion_logprobs=completion.logprobs,
-            completion_top_logprobs=completion.top_logprobs,
-            malformed_tool_call=malformed,
-            request_id=response_id,
-            created=int(time.time()),
-            model=request.model or self.model_name,
-        )
+        self.metrics.counted_tokens(len(plan.prompt_ids), plan.reused_tokens, rec.result.completion_tokens)
+        return rec.result
 
     def previous_messages(self, program: Program, response_id: str) -> list[Message]:
         """The conversation a Responses ``previous_response_id`` continues (only the latest is kept)."""
