@@ -160,14 +160,33 @@ def _canned() -> Iterator[tuple[str, Path]]:
 
 
 @contextlib.contextmanager
-def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
-    """``rollyard.bench._floor_proxy`` in its own process: (url, pid)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "rollyard.bench._floor_proxy", "--engine", engine_url, "--port", str(port)]
+def _listener(cmd: list[str], port: int, what: str) -> Iterator[tuple[str, int]]:
+    """``cmd`` in its own process, once it listens on ``port``: (url, pid); terminated after."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
-        _wait_until(lambda: _listening(port), "the floor relay")
+        _wait_until(lambda: _listening(port), what)
         yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+@contextlib.contextmanager
+def _floor(engine_url: str) -> Iterator[tuple[str, int]]:
+    """``rollyard.bench._floor_proxy`` in its own process: (url, pid)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "rollyard.bench._floor_proxy", "--engine", engine_url, "--port", str(port)]
+    with _listener(cmd, port, "the floor relay") as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _required_floor(engine_url: str, model_dir: Path) -> Iterator[tuple[str, int]]:
+    """``rollyard.bench._required_floor`` in its own process, its journal in a temporary
+    directory: (url, pid)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as state:
+        cmd = [sys.executable, "-m", "rollyard.bench._required_floor", "--engine", engine_url]
+        cmd += ["--port", str(port), "--model-dir", str(model_dir), "--state-dir", state]
+        with _listener(cmd, port, "the required-work floor") as served:
+            yield served

@@ -33,6 +33,15 @@ On the 2-core development machine the per-round ``p50_added_ms`` of the floor it
 of ms (-37 to +134 in one run): a goal of a few ms is below what this closed loop resolves
 there; it needs an engine that does not share the gateway's cores.
 
+The second floor (``required_cpu_ms_per_req``): ``rollyard.bench._required_floor``, the same
+hop plus the work a non-streamed turn cannot skip (validate, render, engine call, decode and
+parse, build the turn's record, journal it, answer), each by the gateway's own code, and
+nothing else (no auth, scheduling, locks, retries, metrics). The CPU of the three (gateway,
+relay, required work) is measured in blocks at 64 programs whose order rotates each round;
+``cpu_ratio_64``, ``required_ratio_64`` (required work over the relay: the least the gateway's
+ratio could be) and ``cpu_vs_required_64`` (what the gateway's other work adds) are medians of
+per-round ratios.
+
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
 as ``tiny``). ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned`` puts ``_canned_engine`` (answers at once,
 computes nothing) in vLLM's place, result ``gateway-canned``: latencies and throughput are then
@@ -53,7 +62,7 @@ from typing import Any
 
 import aiohttp
 
-from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _engine, _floor, _gateway
+from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _engine, _floor, _gateway, _required_floor
 from rollyard.bench._report import report
 
 MAX_TOKENS = 32
@@ -305,6 +314,54 @@ async def _stream_level(
     }
 
 
+async def _cpu_rounds(
+    session: aiohttp.ClientSession,
+    work: Workload,
+    paths: dict[str, tuple[str, int, bool]],
+    keys: list[str],
+    c: int,
+    n: int,
+    rounds: int,
+) -> dict[str, Any]:
+    """Each path's CPU per request at ``c`` programs: a block of ``n`` requests per path per
+    round, the paths' order rotating, so drift in the shared cores' speed lands on every path
+    (measured one after another, one run's gateway/relay ratio moved 2.5x -> 4.3x between runs).
+
+    ``paths``: name -> (url, pid, chats): ``chats`` paths get the gateway's chat requests and
+    keys, the others the engine bodies the gateway would send. Ratios are per round, then the
+    median over rounds."""
+    bodies = {i: await work.direct(i) for i in range(n)}
+    names = list(paths)
+    per: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            url, pid, chats = paths[name]
+
+            async def send(
+                s: aiohttp.ClientSession, i: int, w: int, url: str = url, chats: bool = chats
+            ) -> tuple[int, dict[str, float]]:
+                if chats:
+                    return await _post(s, f"{url}/v1/chat/completions", work.chat(i), keys[w % len(keys)])
+                return await _post(s, f"{url}/v1/completions", bodies[i], None)
+
+            cpu0 = _cpu_seconds(pid)
+            await _block(session, send, list(range(n)), c, _acc())
+            per[name].append(1000 * (_cpu_seconds(pid) - cpu0) / n)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(per[a], per[b], strict=True))
+
+    return {
+        "requests_per_block": n,
+        "cpu_ms_per_req": per,
+        "median_cpu_ms_per_req": {name: statistics.median(v) for name, v in per.items()},
+        "gateway_vs_relay": ratio("gateway", "relay"),
+        "required_vs_relay": ratio("required", "relay"),
+        "gateway_vs_required": ratio("gateway", "required"),
+        "load1": os.getloadavg()[0],
+    }
+
+
 async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     # Four rounds per level; at 64 concurrent programs each block is three waves of requests.
     per_level = {1: 8, 16: 64, 64: 256} if quick else {1: 24, 16: 256, 64: 768}
@@ -337,14 +394,23 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 session, work, (gw_url, gw_pid), keys, 64, per_level[64]
             )
             # The floor: a bare Python relay in the gateway's place, same concurrency and bodies
-            # (streamed too: the engine bodies the gateway sends for those chat requests).
-            with _floor(engine_url) as relay:
+            # (streamed too: the engine bodies the gateway sends for those chat requests). The
+            # second floor: that hop plus the work a turn cannot skip (_required_floor).
+            with _floor(engine_url) as relay, _required_floor(engine_url, model_dir) as required:
                 await _level(session, work, urls, keys, 8, 16, relay)
                 floor = await _level(session, work, urls, keys, 64, per_level[64], relay)
                 floor.pop("_cpu_s")
                 details["floor_c64"] = floor
                 details["floor_stream_c64"] = await _stream_level(
                     session, work, relay, keys, 64, per_level[64], relay=True
+                )
+                paths = {
+                    "gateway": (gw_url, gw_pid, True),
+                    "relay": (*relay, False),
+                    "required": (*required, True),
+                }
+                details["cpu_c64"] = await _cpu_rounds(
+                    session, work, paths, keys, 64, per_level[64] // 2, 3 if quick else 6
                 )
             t0 = time.perf_counter()
             _, open_keys = await _programs(session, gw_url, n_open)
@@ -353,7 +419,7 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
             level.pop("_cpu_s")
             details["open_programs"] = {"programs": n_open, "create_s": create_s, **level}
         await work.backend.aclose()
-    c64 = details["c64"]
+    c64, cpu = details["c64"], details["cpu_c64"]
     summary = {
         "thr_ratio_64": c64["median"]["thr_ratio"],
         "p50_added_ms": c64["median"]["p50_added_ms"],
@@ -361,9 +427,15 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         "cpu_ms_per_req": 1000 * cpu_s / gw_requests,
         "p50_own_ms": c64["gateway"]["own_p50_ms"],
         "floor_p50_added_ms": details["floor_c64"]["median"]["p50_added_ms"],
-        "floor_cpu_ms_per_req": details["floor_c64"]["gateway_cpu_ms_per_req"],
+        "floor_cpu_ms_per_req": cpu["median_cpu_ms_per_req"]["relay"],
         # the issue's measure: the gateway's CPU per request over the bare relay's, both at 64
-        "cpu_ratio_64": c64["gateway_cpu_ms_per_req"] / details["floor_c64"]["gateway_cpu_ms_per_req"],
+        # programs (median of per-round ratios, the paths measured in rotating order)
+        "cpu_ratio_64": cpu["gateway_vs_relay"],
+        # the required work's floor: its CPU per request, over the bare relay's, and the gateway's
+        # over it (what the gateway's other work costs)
+        "required_cpu_ms_per_req": cpu["median_cpu_ms_per_req"]["required"],
+        "required_ratio_64": cpu["required_vs_relay"],
+        "cpu_vs_required_64": cpu["gateway_vs_required"],
         # streamed over non-streamed, the gateway's CPU per request at 64 programs
         "stream_cpu_ratio_64": details["stream_c64"]["gateway_cpu_ms_per_req"]
         / c64["gateway_cpu_ms_per_req"],
