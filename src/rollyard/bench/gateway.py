@@ -36,7 +36,7 @@ there; it needs an engine that does not share the gateway's cores.
 The second floor (``required_cpu_ms_per_req``): ``rollyard.bench._required_floor``, the same
 hop plus the work a non-streamed turn cannot skip (validate, render, engine call, decode and
 parse, build the turn's record, journal it, answer), each by the gateway's own code, and
-nothing else (no auth, scheduling, locks, retries, metrics). The CPU of the three (gateway,
+nothing else (no auth, scheduling, retries, metrics). The CPU of the three (gateway,
 relay, required work) is measured in blocks at 64 programs whose order rotates each round;
 ``cpu_ratio_64``, ``required_ratio_64`` (required work over the relay: the least the gateway's
 ratio could be) and ``cpu_vs_required_64`` (what the gateway's other work adds) are medians of
