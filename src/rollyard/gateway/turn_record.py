@@ -1,8 +1,9 @@
 """What one generated turn is recorded as: the turn, its events, the conversation state that
 the next request extends, and the answer every dialect reports.
 
-Pure (the clock's readings and the previous state are passed in), so the gateway and the
-bench's required-work floor (``rollyard.bench._required_floor``) build the same record.
+No side effects (the clock's readings and the previous state are passed in; only the wire ids
+and the answer's ``created`` second are drawn here), so the gateway and the bench's
+required-work floor (``rollyard.bench._required_floor``) build the same record.
 """
 
 from __future__ import annotations
