@@ -41,10 +41,10 @@ from typing import Any
 import aiohttp
 import httpx
 
+from rollyard.bench._gateway_load import _pct
 from rollyard.bench._procs import ADMIN, _engine, _gateway
 from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import report
-from rollyard.bench.gateway import _pct
 
 PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
 ABANDON_EVERY = 10  # every 10th program of a client is never finished
