@@ -32,7 +32,7 @@ import pydantic_core
 import uvicorn
 
 from rollyard.bench._floor_proxy import read_body
-from rollyard.bench.gateway import SAMPLING
+from rollyard.bench._gateway_load import SAMPLING
 from rollyard.core.clock import SystemClock
 from rollyard.core.program import Program, SamplingPolicy
 from rollyard.engines.vllm import VLLMBackend
@@ -71,7 +71,6 @@ def make_app(engine_url: str, model_dir: Path, state_dir: Path) -> Any:
         async with locks.setdefault(program.id, asyncio.Lock()):  # a program's turns in order
             prev = states.get(program.id)
             plan = renderer.render(request, prev)
-            await backend.model_name()  # learns max_model_len once, as the gateway's pool does
             limit = context_limit(program, backend.max_model_len)
             params = sampling_for(request, program, len(plan.prompt_ids), limit)
             started = clock.now()
@@ -86,6 +85,7 @@ def make_app(engine_url: str, model_dir: Path, state_dir: Path) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
+                await backend.model_name()  # learns max_model_len, as the gateway does at start
                 await send({"type": "lifespan.startup.complete"})
             await backend.aclose()
             journal.close()
