@@ -7,35 +7,52 @@ from rich.console import Console
 from rich.table import Table
 
 from rollyard.agents.blackbox import load_profile, shipped_profiles
-from rollyard.agents.install import CLIS, install, installed
+from rollyard.agents.install import CLIS, AgentCLI, install, installed
 from rollyard.cli import app
+from rollyard.core.errors import ConfigError
 
 agents_app = typer.Typer(help="Third-party agent CLIs and runner profiles.", no_args_is_help=True)
 app.add_typer(agents_app, name="agents")
 
 
+def _target(name: str) -> AgentCLI:
+    """A pinned CLI by name, else the CLI of a runner profile (a shipped name or a YAML path)."""
+    if name in CLIS:
+        return CLIS[name]
+    cli = load_profile(name).cli
+    if cli is None:
+        raise ConfigError(f"runner profile {name!r} installs nothing (its command is on the sandbox's PATH)")
+    return cli
+
+
 @agents_app.command("install")
 def install_cmd(
-    names: list[str] = typer.Argument(..., help=f"agent CLIs to install: {', '.join(CLIS)}"),
+    names: list[str] = typer.Argument(
+        ..., help=f"pinned agent CLIs ({', '.join(CLIS)}) or runner profiles (a name or a YAML path)"
+    ),
     force: bool = typer.Option(False, help="reinstall even when installed"),
 ) -> None:
-    """Install pinned agent CLIs into rollyard's cache (ROLLYARD_CACHE), once; runs never download."""
+    """Install agent CLIs into rollyard's cache (ROLLYARD_CACHE), once; runs never download."""
     console = Console(stderr=True)
     for name in names:
-        with console.status(f"installing {name} ..."):
-            cli = install(name, force=force)
+        target = _target(name)
+        with console.status(f"installing {target.name} ..."):
+            cli = install(target, force=force)
         print(f"{cli.name} {cli.version}: {cli.dir}")
 
 
 @agents_app.command("list")
-def list_cmd() -> None:
-    """Shipped runner profiles, the CLI each one runs and whether it is installed."""
-    table = Table("profile", "runs", "version", "API", "installed")
-    for name in shipped_profiles():
+def list_cmd(
+    profiles: list[str] = typer.Argument(None, help="profile YAML paths to list beside the shipped ones"),
+) -> None:
+    """Runner profiles (shipped, and any given), the CLI each one runs and whether it is installed."""
+    table = Table("profile", "runs", "source", "version", "API", "installed")
+    for name in [*shipped_profiles(), *(profiles or [])]:
         p = load_profile(name)
-        cli = CLIS.get(p.install or "")
+        cli = p.cli
         if cli is None:
-            table.add_row(name, p.command[0], "", p.description, "(shipped)")
+            table.add_row(p.name, p.command[0], "(on PATH)", "", p.description, "")
         else:
-            table.add_row(name, cli.package, cli.version, cli.api, "yes" if installed(cli.name) else "no")
+            state = "yes" if installed(cli) else "no"
+            table.add_row(p.name, cli.package, cli.source, cli.version, cli.api, state)
     Console().print(table)

@@ -125,6 +125,12 @@ class SandboxError(RollyardError):
     code = "sandbox_error"
 
 
+class AgentFailed(RollyardError):
+    """Programs keep ending without one model turn: the agent itself is broken, not the policy."""
+
+    code = "agent_failed"
+
+
 class TaskError(RollyardError):
     """A task directory is missing fields or its setup failed."""
 

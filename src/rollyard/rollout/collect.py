@@ -30,7 +30,7 @@ from rollyard.rollout.episode import BLACKBOX_EXITED, EpisodeResult, act_and_eva
 from rollyard.rollout.rewarding import reward_context
 from rollyard.rollout.services import Services
 from rollyard.rollout.stats import TERMS, event_counts
-from rollyard.sandbox.base import Sandbox
+from rollyard.sandbox.base import Sandbox, SandboxSpec
 from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
@@ -65,13 +65,18 @@ class LocalRunner:
         self.env = env
         self._registered: set[str] = set()
 
+    def _spec(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> SandboxSpec:
+        """The task's sandbox under the run's ``sandbox.limits``; a black-box agent adds the
+        gateway's socket, the forwarder, Python, its CLI and its profile's own limits."""
+        spec = sandbox_spec(task, self.svc.provider)
+        spec = spec.model_copy(update={"limits": self.svc.cfg.sandbox.program_limits()})
+        return agent.spec(spec) if isinstance(agent, BlackBoxRunner) else spec
+
     def prepare(self, task: Task, agent: AgentConfig | BlackBoxRunner) -> None:
         """Register the task with the sandbox pool once; it starts preparing ``sandbox.ahead``."""
         if task.id in self._registered:
             return
-        spec = sandbox_spec(task, self.svc.provider)
-        if isinstance(agent, BlackBoxRunner):  # the gateway's socket, the forwarder, Python
-            spec = agent.spec(spec)
+        spec = self._spec(task, agent)
         # prepares ``sandbox.ahead`` sandboxes of this task while its programs wait for a slot
         self.svc.pool.register(task.id, spec, prepare=lambda sb: set_up(task, sb))
         self._registered.add(task.id)
@@ -99,9 +104,7 @@ class LocalRunner:
         env: ProgramEnvironment,
     ) -> EpisodeResult:
         """In a sandbox of the program's own (monitored and/or perturbed)."""
-        spec = sandbox_spec(task, self.svc.provider)
-        if isinstance(agent, BlackBoxRunner):
-            spec = agent.spec(spec)
+        spec = self._spec(task, agent)
         events: list[Event] = []
         clock = self.svc.gateway.gateway.clock
         async with env.sandbox(task, program, spec, events, clock.now()) as (sb, monitor):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
@@ -24,7 +24,7 @@ from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.masks import StabilityMasks
 from rollyard.rl.rewards import RewardConfig
-from rollyard.sandbox.base import SandboxSpec
+from rollyard.sandbox.base import Limits, SandboxSpec
 from rollyard.sandbox.perturb import Perturbation, PerturbationRecord
 from rollyard.sandbox.perturb import apply as apply_perturbation
 from rollyard.sched import Policy, make_policy
@@ -125,6 +125,18 @@ class SandboxConfig(_Section):
     # decoy test dirs + access times on test-like files in every program's sandbox (TEST_ACCESS
     # events, the step's count_test_access); monitored programs get sandboxes of their own
     monitor_tests: bool = False
+    # every program's sandbox limits (sandbox.base.Limits keys: memory_mb, cpu_seconds,
+    # max_processes, wall_seconds, disk_mb, ...); a black-box profile's own `limits` go on top
+    limits: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("limits")
+    @classmethod
+    def _known_limits(cls, v: dict[str, Any]) -> dict[str, Any]:
+        Limits.model_validate(v)  # unknown keys and bad values fail when the config loads
+        return v
+
+    def program_limits(self) -> Limits:
+        return Limits.model_validate(self.limits)
 
 
 class TaskSetConfig(_Section):
@@ -193,6 +205,9 @@ class AgentSection(_Section):
     # to one well-formed call; the turn records it), so even a random model acts in its sandbox
     tool_choice: Literal["auto", "required"] = "auto"
     context: ContextSection | None = None  # whitebox: context management; None: never compacted
+    # stop the run, with the agent's own error, after this many programs in a row ended without a
+    # single model turn (a CLI that cannot start would otherwise be replaced forever)
+    max_silent_programs: int = Field(default=8, ge=1)
 
 
 class TrainerConfig(TrainConfig):
@@ -242,6 +257,9 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(default=1, ge=1)
     keep_weights: int = Field(default=2, ge=1)
     progress: bool = True
+    # experiment trackers beside RUN_DIR/metrics.jsonl (always written): tensorboard, wandb (offline
+    # unless WANDB_MODE is set); every metrics row goes to each
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
 
 
 class RayConfig(_Section):

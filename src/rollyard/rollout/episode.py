@@ -32,6 +32,7 @@ ENGINE_FAILURE = "engine_unavailable"
 BLACKBOX_EXITED = "exited"  # a black-box agent's process ended with status 0
 BLACKBOX_FAILED = "agent_error"  # ... or with another status
 MODEL_NAME = "policy"  # what the run's gateway serves
+STDERR_TAIL = 1500  # characters of a black-box agent's stderr kept in its outcome
 
 AfterAgent = Callable[[Sandbox], Awaitable[list[Event]]]
 
@@ -86,17 +87,21 @@ async def _whitebox(
 
 async def _blackbox(
     task: Task, sandbox: Sandbox, api_key: str, runner: BlackBoxRunner, timeout_s: float
-) -> tuple[str, int, str | None]:
-    """The CLI's own timeout is the profile's; the episode's is the tighter bound around it."""
+) -> tuple[str, int, str | None, dict[str, object]]:
+    """The CLI's own timeout is the profile's; the episode's is the tighter bound around it.
+    Its exit status and the tail of its stderr go to the outcome and, when it failed, the log."""
     res = await asyncio.wait_for(
         runner.run(sandbox, task=task.spec.instruction, api_key=api_key, model=MODEL_NAME), timeout_s
     )
     if res.timed_out:
         raise TimeoutError
+    details: dict[str, object] = {"agent_rc": res.rc, "agent_stderr": res.stderr[-STDERR_TAIL:]}
     if res.rc == 0:
-        return BLACKBOX_EXITED, 0, None
-    error = f"rc={res.rc}: {res.stderr[-500:]}"
-    return (ENGINE_FAILURE if _engine_error(res.stderr[-2000:]) else BLACKBOX_FAILED), 0, error
+        return BLACKBOX_EXITED, 0, None, details
+    tail = res.stderr[-STDERR_TAIL:].strip()
+    log.warning("task=%s agent %s exited rc=%d: %s", task.id, runner.profile.name, res.rc, tail[-300:])
+    error = f"{runner.profile.name} exited with status {res.rc}: {tail}"
+    return (ENGINE_FAILURE if _engine_error(res.stderr[-2000:]) else BLACKBOX_FAILED), 0, error, details
 
 
 async def act_and_evaluate(
@@ -116,10 +121,11 @@ async def act_and_evaluate(
     ``events`` may already hold the environment's own (a perturbation); ``after_agent`` looks at
     the sandbox once the agent stopped and before evaluation copies it (test-access checks)."""
     status, turns, error = "timeout", 0, None
+    agent_details: dict[str, object] = {}
     events = [] if events is None else events
     try:
         if isinstance(agent, BlackBoxRunner):
-            status, turns, error = await _blackbox(task, sandbox, api_key, agent, timeout_s)
+            status, turns, error, agent_details = await _blackbox(task, sandbox, api_key, agent, timeout_s)
         else:
             status, turns, error = await _whitebox(task, sandbox, base_url, api_key, agent, timeout_s, events)
     except TimeoutError:
@@ -128,10 +134,12 @@ async def act_and_evaluate(
         status, error = "sandbox_error", e.message
     if after_agent is not None:
         events += await after_agent(sandbox)
+    if error:
+        agent_details["agent_error"] = error[-STDERR_TAIL:]
     if status == ENGINE_FAILURE:
         return EpisodeResult(
             status=status,
-            outcome=Outcome(status="error", passed=False),
+            outcome=Outcome(status="error", passed=False, details=agent_details),
             turns=turns,
             error=error,
             events=events,
@@ -140,5 +148,5 @@ async def act_and_evaluate(
         outcome = await evaluate(task, sandbox, provider)
     except RollyardError as e:
         outcome = Outcome(status="error", passed=False, pass_fraction=0.0, details={"error": e.message})
-    outcome.details["agent_status"] = status
+    outcome.details.update(agent_details, agent_status=status)
     return EpisodeResult(status=status, outcome=outcome, turns=turns, error=error, events=events)

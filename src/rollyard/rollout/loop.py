@@ -29,8 +29,10 @@ from rollyard.rollout.collect import GroupRecord, ProgramRunner, run_group
 from rollyard.rollout.config import Config
 from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
+from rollyard.rollout.loggers import open_trackers
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, publish_healing
+from rollyard.rollout.silence import SilentPrograms
 from rollyard.rollout.stats import step_stats
 from rollyard.rollout.sync import produce_in_steps
 from rollyard.rollout.threads import in_daemon_thread
@@ -76,6 +78,9 @@ class TrainingLoop:
         self.buffer = AsyncBuffer(cfg.buffer, self.clock)
         self._slot = asyncio.Event()
         self._groups: set[asyncio.Task[None]] = set()
+        self.silent = SilentPrograms(cfg.agent.max_silent_programs)
+        self.trackers = open_trackers(cfg.run.loggers, run.root, cfg.model_dump(mode="json"))
+        self._fatal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     # -- producer ------------------------------------------------------------------------------
     def _wanted(self) -> int:
@@ -108,6 +113,9 @@ class TrainingLoop:
             self.s.failures += 1
             await self.buffer.discard(gid)
             return False
+        self.silent.observe(rec.trajectories)
+        if self.silent.tripped and not self._fatal.done():
+            self._fatal.set_exception(self.silent.error())  # the trainer's wait raises it
         if not rec.samples:
             await self.buffer.discard(gid)
             return False
@@ -123,23 +131,37 @@ class TrainingLoop:
     async def run(self) -> dict[str, Any]:
         if self.s.step == 0 and self.held_out and not self.run_dir.read_metrics():
             row = {"step": 0, "policy_version": self.s.version, **await self._evaluate("step0")}
-            self.run_dir.append_metrics(row)
+            self._append(row)
             self.progress(row)
         sync = self.cfg.run.mode == "sync"  # whole steps: roll out, train, publish (rollout/sync.py)
         producer = asyncio.create_task(produce_in_steps(self) if sync else self._produce())
         last = self.clock.now()
         try:
             while self.s.step < self.cfg.run.steps:
-                row = await self._step(last)
+                row = await self._until_fatal(self._step(last))
                 last = self.clock.now()
                 self.progress(row)
         finally:
+            if self._fatal.done():  # retrieved, so asyncio does not log it again at exit
+                self._fatal.exception()
             producer.cancel()
             for t in list(self._groups):
                 t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(producer, *self._groups, return_exceptions=True)
+            self.trackers.close()
         return self.run_dir.read_metrics()[-1] if self.run_dir.read_metrics() else {}
+
+    async def _until_fatal(self, step: Any) -> dict[str, Any]:
+        """Await one step, unless the producer finds the run cannot go on (raised here)."""
+        task = asyncio.ensure_future(step)
+        await asyncio.wait({task, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self._fatal.done() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self._fatal.result()  # raises the producer's error
+        return task.result()
 
     async def _take(self) -> list[GroupRecord]:
         want = self.cfg.run.groups_per_step
@@ -165,7 +187,7 @@ class TrainingLoop:
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
             row.update(await self._evaluate(f"step{self.s.step}"))
-        self.run_dir.append_metrics(row)
+        self._append(row)
         if self.s.step % self.cfg.run.checkpoint_every == 0 or last_step:
             self.save()
         return row
@@ -220,6 +242,11 @@ class TrainingLoop:
             **self._environment_counts(),
             "time": time.time(),
         }
+
+    def _append(self, row: dict[str, Any]) -> None:
+        """The row to the run's JSONL (what --resume reads), then to every configured tracker."""
+        self.run_dir.append_metrics(row)
+        self.trackers.log(row)
 
     def _environment_counts(self) -> dict[str, int]:
         """Scheduler decisions and sandbox hooks carried out so far (program-aware scheduling)."""

@@ -1,10 +1,7 @@
 """Runner profiles: how to point one family of CLI agents at its program, as YAML data.
 
-Templates use ``{base_url}`` (``http://127.0.0.1:PORT/v1``), ``{origin}`` (without ``/v1``),
-``{api_key}``, ``{model}``, ``{task}``, ``{task_file}``, ``{agent_dir}``, ``{examples}`` (the
-shipped example agents) and ``{install}`` (where the profile's ``install`` CLI lives: its
-``--target`` site directory or npm prefix). Any other ``{...}`` is left as written, so JSON
-config templates work.
+Templates use the variables in ``VARIABLES`` (docs/agents.md lists them too). Any other
+``{...}`` is left as written, so JSON config templates work.
 """
 
 from __future__ import annotations
@@ -18,9 +15,22 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollyard.agents.install import CLIS, AgentCLI, InstallSpec, cli_for
 from rollyard.core.errors import ConfigError
+from rollyard.sandbox.base import Limits
 
-_VARS = ("base_url", "origin", "api_key", "model", "task", "task_file", "agent_dir", "examples", "install")
+VARIABLES = {
+    "base_url": "the program's OpenAI-style base URL, http://127.0.0.1:PORT/v1 inside the sandbox",
+    "origin": "the same without /v1 (Anthropic-style clients)",
+    "api_key": "the program's own key (it reaches only this program)",
+    "model": "the model name the gateway serves",
+    "task": "the task's instruction text",
+    "task_file": "a workspace-relative file holding the instruction",
+    "agent_dir": "a workspace-relative directory for the runner's files (removed after the run)",
+    "examples": "the shipped example agents' directory",
+    "install": "where the profile's CLI lives: its pip --target dir, npm prefix, or install.path",
+}
+_VARS = tuple(VARIABLES)
 _GLOB = re.compile(r"^[A-Za-z0-9_.*?/\[\]-]+$")  # no spaces or shell metacharacters
 _TEMPLATE = re.compile(r"\{(" + "|".join(_VARS) + r")\}")
 AGENT_DIR = ".rollyard_agent"
@@ -62,7 +72,11 @@ class RunnerProfile(BaseModel):
     output_file: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
     hygiene: list[str] = Field(default_factory=list)  # globs removed after the run
-    install: str | None = None  # a CLI of `rollyard agents install` the command runs
+    # the CLI the command runs: a pinned one by name (`rollyard agents list`), or the profile's
+    # own ({pypi: "pkg==1.2"}, {npm: "pkg@1.2"}, {path: /abs/dir}); `rollyard agents install PROFILE`
+    install: str | InstallSpec | None = None
+    # sandbox limits this CLI needs (e.g. a Node or Bun CLI's address space), over the run's
+    limits: dict[str, Any] = Field(default_factory=dict)
     finish: FinishReply = Field(default_factory=FinishReply)  # the warm start's last reply
 
     @field_validator("files", "hygiene", mode="after")
@@ -79,12 +93,19 @@ class RunnerProfile(BaseModel):
             raise ValueError("output: file needs output_file")
         if self.task_input is TaskInput.ARG and not any("{task}" in c for c in self.command):
             raise ValueError("task_input: arg needs {task} in the command")
-        if self.install is not None:
-            from rollyard.agents.install import CLIS
-
-            if self.install not in CLIS:
-                raise ValueError(f"install: unknown agent CLI {self.install!r}; one of: {', '.join(CLIS)}")
+        if isinstance(self.install, str) and self.install not in CLIS:
+            raise ValueError(f"install: unknown agent CLI {self.install!r}; one of: {', '.join(CLIS)}")
+        Limits.model_validate(self.limits)  # unknown keys and bad values fail at load
         return self
+
+    @property
+    def cli(self) -> AgentCLI | None:
+        """The CLI this profile runs (``None``: the command is on the sandbox's own PATH)."""
+        return cli_for(self.install, self.name)
+
+    def sandbox_limits(self, base: Limits) -> Limits:
+        """``base`` (the run's limits) with this profile's own on top."""
+        return Limits.model_validate({**base.model_dump(), **self.limits})
 
 
 def render(template: str, values: dict[str, str]) -> str:

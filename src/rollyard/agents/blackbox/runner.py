@@ -52,12 +52,14 @@ class BlackBoxRunner:
 
     def spec(self, base: SandboxSpec | None = None) -> SandboxSpec:
         """``base`` plus the socket dir (read-write), the forwarder, examples, Python and the
-        profile's installed CLI (read-only)."""
+        profile's CLI (read-only), under ``base``'s limits with the profile's own on top."""
         base = base or SandboxSpec()
+        base = base.model_copy(update={"limits": self.profile.sandbox_limits(base.limits)})
         py = host_python(isolated=self.isolated)
         binds, env = list(py.ro_binds), {**py.env, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        if self.profile.install is not None:
-            cli = require(self.profile.install)
+        cli = self.profile.cli
+        if cli is not None:
+            cli = require(cli)
             if self.isolated and not searchable(cli.dir):
                 raise ConfigError(
                     f"{cli.dir} is not reachable by the sandbox's user (a parent directory is "
@@ -66,8 +68,8 @@ class BlackBoxRunner:
             binds.append((cli.dir, cli.dir))
             if cli.source == "pypi":  # its packages first, this environment's after
                 env["PYTHONPATH"] = ":".join(filter(None, [str(cli.site), env.get("PYTHONPATH")]))
-            else:
-                env["PATH"] = f"{cli.site / 'node_modules' / '.bin'}:{env.get('PATH', SYSTEM_PATH)}"
+            path = ":".join([*(str(d) for d in cli.bin_dirs), env.get("PATH", SYSTEM_PATH)])
+            env["PATH"] = path
         if not self.isolated:
             return base.model_copy(update={"env": {**base.env, **env}})
         ro = [*base.ro_binds, *binds, (FORWARDER.parent, FORWARDER.parent), (EXAMPLES_DIR, EXAMPLES_DIR)]
@@ -106,7 +108,7 @@ class BlackBoxRunner:
             "task_file": f"{AGENT_DIR}/task.txt",
             "agent_dir": AGENT_DIR,
             "examples": str(EXAMPLES_DIR),
-            "install": str(require(p.install).site) if p.install else "",
+            "install": str(p.cli.site) if p.cli is not None else "",
         }
         await sandbox.write(f"{AGENT_DIR}/task.txt", task)
         for rel, template in p.files.items():
