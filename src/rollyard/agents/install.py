@@ -191,7 +191,22 @@ def _install_pypi(cli: AgentCLI, dest: Path) -> list[str]:
     wanted = _pip_missing(spec, dest)
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     _run([*pip, "--no-deps", "--target", str(dest / "site"), *wanted], f"installing {spec}")
+    _portable_scripts(dest / "site" / "bin")
     return wanted
+
+
+def _portable_scripts(bin_dir: Path) -> None:
+    """Console scripts pip wrote name this process's interpreter, which a sandbox may not see
+    (another venv path); they run on the sandbox's ``python3``, as the CLI's package does."""
+    if not bin_dir.is_dir():
+        return
+    for script in bin_dir.iterdir():
+        if not script.is_file():
+            continue
+        data = script.read_bytes()
+        first, nl, rest = data.partition(b"\n")
+        if first.startswith(b"#!") and b"python" in first:
+            script.write_bytes(b"#!/usr/bin/env python3" + nl + rest)
 
 
 def _install_npm(cli: AgentCLI, dest: Path) -> list[str]:
