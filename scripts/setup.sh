@@ -56,9 +56,9 @@ else
   $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
 
-# 4. rollyard itself, editable, with test and cluster extras.
+# 4. rollyard itself, editable, with test, cluster, model-conversion and tracking extras.
 log "installing rollyard"
-$PIP install -q -e ".[dev,ray,models]"
+$PIP install -q -e ".[dev,ray,models,track]"
 $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 
 $VENV/bin/python -c "import vllm, transformers, rollyard" 2>/dev/null || {
