@@ -19,7 +19,9 @@ async def test_ray_workers_run_agents_in_sandboxes_and_groups_train(
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
     pytest.importorskip("ray")
-    cfg = make_config(**{"run.steps": 1, "ray.address": "local", "ray.workers": 2})
+    # bound to every address, workers handed another loopback address than the local one
+    over = {"gateway.host": "0.0.0.0", "gateway.advertise": "127.0.0.2"}
+    cfg = make_config(**{"run.steps": 1, "ray.address": "local", "ray.workers": 2, **over})
     run = RunDir(tmp_path / "run")
     last = await train(cfg, run)
     assert last["step"] == 1 and last["policy_version"] == 1
@@ -27,6 +29,7 @@ async def test_ray_workers_run_agents_in_sandboxes_and_groups_train(
     assert len(trajs) == cfg.run.groups_per_step * cfg.run.group_size
     assert all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
     assert all(t.outcome.details.get("agent_status") for t in trajs if t.outcome)
+    assert "advertised=http://127.0.0.2:" in (run.logs / "run.log").read_text()
     # The private cluster's session dir is recorded and removed at the end.
     session = Path((run.logs / "ray_temp_dir.txt").read_text().strip())
     assert session.name.startswith("ryray-") and not session.exists()

@@ -13,3 +13,52 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def interface_addresses() -> dict[str, str]:
+    """IPv4 address of each network interface that has one (Linux ioctl; stdlib only)."""
+    import fcntl
+    import struct
+
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(
+                    s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
+                )  # SIOCGIFADDR
+            except OSError:  # no IPv4 address on it
+                continue
+            out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def this_host_address() -> str:
+    """An address other machines can use for this one: the first non-loopback interface's IPv4
+    address (by interface index), else loopback when the host has no other."""
+    for addr in interface_addresses().values():
+        if not addr.startswith("127."):
+            return addr
+    return "127.0.0.1"
+
+
+def _host_in_url(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def advertised_url(bind_host: str, port: int, advertise: str | None = None) -> str:
+    """The URL a process on another machine dials for a server bound to ``bind_host:port``.
+
+    ``advertise`` wins (a host or IP, or a whole URL); a wildcard bind advertises this host's
+    first non-loopback address; any other bind address is advertised as it is."""
+    if advertise:
+        return advertise.rstrip("/") if "://" in advertise else f"http://{_host_in_url(advertise)}:{port}"
+    host = this_host_address() if bind_host in WILDCARDS else bind_host
+    return f"http://{_host_in_url(host)}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")

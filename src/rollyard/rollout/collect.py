@@ -51,6 +51,8 @@ _CLEAN_END = {"submitted", "final_answer", "max_turns", "context_exceeded", BLAC
 class ProgramRunner(Protocol):
     """Runs one registered program's agent and evaluation somewhere; local or Ray."""
 
+    remote: bool  # its agents may run on other machines (they get the gateway's advertised URL)
+
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult: ...
@@ -58,6 +60,8 @@ class ProgramRunner(Protocol):
 
 class LocalRunner:
     """Agents in this process, sandboxes from the run's pool."""
+
+    remote = False
 
     def __init__(self, svc: Services, timeout_s: float, env: ProgramEnvironment | None = None) -> None:
         self.svc = svc
@@ -160,7 +164,9 @@ async def run_program(
             program = gw.programs.create(
                 Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
             )
-            res = await runner.run(task, program, svc.gateway.url + "/v1", svc.agent)
+            # a worker on another machine dials the gateway's advertised address, not loopback
+            url = svc.gateway.advertised_url if runner.remote else svc.gateway.url
+            res = await runner.run(task, program, url + "/v1", svc.agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED

@@ -101,7 +101,10 @@ class DividedConfig(_Section):
 
 
 class GatewayConfig(_Section):
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the address it binds; 0.0.0.0 for rollout workers on other nodes
+    # the address workers on other machines dial (a host, an IP or a URL); unset: the bind
+    # address, or this host's first non-loopback address when bound to a wildcard
+    advertise: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)

@@ -5,7 +5,8 @@ The orchestrator keeps the gateway, program table and trainer; a worker gets a t
 ``EpisodeResult``. ``ray.address: local`` starts a private local cluster (its session files in
 a short temp dir named in ``RUN_DIR/logs/ray_temp_dir.txt``, removed at the end); any other
 address joins an existing cluster (``ray start --head`` / ``ray start --address=...``; the
-gateway must then listen on an address the workers reach: ``gateway.host: 0.0.0.0``).
+gateway must then listen on an address the workers reach, ``gateway.host: 0.0.0.0``, and the
+workers are handed ``gateway.advertise``, by default this node's first non-loopback address).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError
+from rollyard.core.net import is_loopback
 from rollyard.core.program import Program
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import EpisodeResult, act_and_evaluate
@@ -71,9 +73,17 @@ class RolloutWorker:
 class RayRunner:
     """``ProgramRunner`` over a set of ``RolloutWorker`` actors, round-robin."""
 
+    remote = True
+
     def __init__(self, cfg: Config, run_dir: Path) -> None:
         import ray
 
+        if cfg.ray.address != "local" and is_loopback(cfg.gateway.host) and not cfg.gateway.advertise:
+            log.warning(
+                "gateway.host %s is loopback: Ray workers on other nodes cannot reach it "
+                "(bind gateway.host: 0.0.0.0 and set gateway.advertise to this node's address)",
+                cfg.gateway.host,
+            )
         self._owns = False
         self._tmp: Path | None = None
         address = cfg.ray.address

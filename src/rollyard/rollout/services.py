@@ -26,7 +26,7 @@ from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
-from rollyard.core.net import free_port
+from rollyard.core.net import WILDCARDS, advertised_url, free_port
 from rollyard.engines.base import EngineStats
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
@@ -223,6 +223,7 @@ class GatewayServer:
     _task: asyncio.Task[None]
     closing: bool = False  # set first at teardown: a program ending now must not touch the journal
     socket_path: Path | None = None  # the sandboxes' door (black-box agents), when served
+    advertised_url: str = ""  # how workers on other machines reach it (``gateway.advertise``)
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight handlers finish (``GATEWAY_DRAIN_S``, then cancelled),
@@ -281,10 +282,11 @@ async def start_gateway(
         await asyncio.sleep(0.05)
     else:
         raise EngineStartError(f"the gateway did not start on port {port}")
-    host = "127.0.0.1" if cfg.gateway.host in ("0.0.0.0", "::") else cfg.gateway.host
+    host = "127.0.0.1" if cfg.gateway.host in WILDCARDS else cfg.gateway.host
     url = f"http://{host}:{port}"
-    log.info("gateway up url=%s socket=%s", url, socket_path)
-    return GatewayServer(gw, url, token, server, task, socket_path=socket_path)
+    advertised = advertised_url(cfg.gateway.host, port, cfg.gateway.advertise)
+    log.info("gateway up url=%s advertised=%s socket=%s", url, advertised, socket_path)
+    return GatewayServer(gw, url, token, server, task, socket_path=socket_path, advertised_url=advertised)
 
 
 def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
