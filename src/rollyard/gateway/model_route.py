@@ -15,13 +15,13 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pydantic_core
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from rollyard.gateway.edge import FastJSONResponse, caller
+from rollyard.gateway.limits import strict_json
 
 
 def body_model(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
@@ -55,8 +55,9 @@ class ModelRoute(APIRoute):
         async def handle(request: Request) -> Response:
             raw = await request.body()
             try:
-                # Strict JSON: invalid UTF-8, lone surrogates and NaN/Infinity are refused here.
-                data = pydantic_core.from_json(raw, allow_inf_nan=False)
+                # Strict JSON: invalid UTF-8, lone surrogates, NaN/Infinity and numbers out of
+                # range are refused here.
+                data = strict_json(raw)
             except ValueError as e:  # the parser's reason, as FastAPI's own json_invalid carries it
                 err = {
                     "type": "json_invalid",

@@ -1,0 +1,119 @@
+"""Second hardening pass: hostile values the first fuzz did not generate, against the real app
+over real HTTP (scripted engine). Each test names the class of issue 45 it holds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from .test_fuzz import ROUTES, SEEDS, http, mutate, paths, server  # noqa: F401 (fixtures)
+
+NONFINITE = [
+    b"1e999",
+    b"-1e999",
+    b"1E+400",
+    b"0.5e00309",
+    b"1" + b"0" * 400 + b".0",
+    b"1" + b"0" * 300 + b"e99",
+]
+PLACE = "\u2603placeholder\u2603"
+
+FORCED = {
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "ls",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"d": {"type": "string", "maxLength": PLACE}},
+                    },
+                },
+            }
+        ],
+        "tool_choice": "required",
+        "max_tokens": 16,
+    },
+    "/v1/responses": {
+        "input": "hi",
+        "tools": [
+            {
+                "type": "function",
+                "name": "ls",
+                "parameters": {"type": "object", "properties": {"d": {"type": "string", "maxLength": PLACE}}},
+            }
+        ],
+        "tool_choice": "required",
+        "max_output_tokens": 16,
+    },
+    "/v1/messages": {
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [
+            {
+                "name": "ls",
+                "input_schema": {
+                    "type": "object",
+                    "properties": {"d": {"type": "string", "maxLength": PLACE}},
+                },
+            }
+        ],
+        "tool_choice": {"type": "any"},
+    },
+}
+
+
+def with_raw(body: Any, raw: bytes) -> bytes:
+    return json.dumps(body).encode().replace(json.dumps(PLACE).encode(), raw)
+
+
+def post_raw(http: httpx.Client, path: str, content: bytes) -> httpx.Response:  # noqa: F811
+    return http.post(path, content=content, headers={"content-type": "application/json"})
+
+
+# --- class 1: non-finite numbers are a 400, never an OverflowError's 500 ---
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", sorted(FORCED))
+def test_an_infinite_max_length_in_a_forced_tool_schema_is_400(
+    http: httpx.Client,  # noqa: F811
+    path: str,
+    stream: bool,
+) -> None:
+    body = {**FORCED[path], "stream": stream}
+    r = post_raw(http, path, with_raw(body, b"1e999"))
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "out of range" in r.text, r.text[:300]
+    ok = post_raw(http, path, with_raw(body, b"4"))  # the same body with a finite bound is served
+    assert ok.status_code == 200, ok.text[:300]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    route=st.sampled_from(ROUTES),
+    data=st.data(),
+    raw=st.sampled_from(NONFINITE),
+    kind=st.sampled_from(["replace", "unknown"]),
+)
+def test_a_non_finite_number_anywhere_in_a_body_is_400(
+    http: httpx.Client,  # noqa: F811
+    route: str,
+    data: st.DataObject,
+    raw: bytes,
+    kind: str,
+) -> None:
+    body = data.draw(st.sampled_from(SEEDS[route]))
+    path = data.draw(st.sampled_from(paths(body)))
+    content = with_raw(mutate(body, path, kind, PLACE), raw)
+    assume(raw in content)  # "unknown" under a list adds nothing
+    r = post_raw(http, route, content)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert http.get("/health").status_code == 200
