@@ -117,3 +117,47 @@ def test_a_non_finite_number_anywhere_in_a_body_is_400(
     r = post_raw(http, route, content)
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert http.get("/health").status_code == 200
+
+
+# --- class 2: no client string is control data ---
+
+OLD_SLOT_TEXT = "\x00rollyard-slot\x00"  # the streaming code's marker was this string
+STREAMED = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+    "/v1/responses": {"input": "hi", "stream": True},
+    "/v1/messages": {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+}
+
+
+def streamed_text(http: httpx.Client, path: str, body: dict[str, Any]) -> str:  # noqa: F811
+    r = http.post(path, json=body)
+    assert r.status_code == 200, r.text[:300]
+    assert "internal_error" not in r.text and '"error":{' not in r.text, r.text[-500:]
+    return r.text
+
+
+@pytest.mark.parametrize("path", sorted(STREAMED))
+def test_a_model_name_equal_to_the_old_slot_marker_streams_normally(
+    http: httpx.Client,  # noqa: F811
+    path: str,
+) -> None:
+    text = streamed_text(http, path, {**STREAMED[path], "model": OLD_SLOT_TEXT})
+    assert "ok" in text or "o" in text
+
+
+CLIENT_TEXT = st.one_of(
+    st.text(max_size=24),
+    st.sampled_from([OLD_SLOT_TEXT, f"a{OLD_SLOT_TEXT}b", "\x00", '"', "\\", "\u2028"]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(sorted(STREAMED)), model=CLIENT_TEXT, user=CLIENT_TEXT)
+def test_any_client_strings_stream_without_an_error_event(
+    http: httpx.Client,  # noqa: F811
+    path: str,
+    model: str,
+    user: str,
+) -> None:
+    body = {**STREAMED[path], "model": model, "metadata": {"user_id": user}, "user": user}
+    streamed_text(http, path, body)
