@@ -3,14 +3,24 @@ over real HTTP (scripted engine). Each test names the class of issue 45 it holds
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from rollyard.core.program import Program
+from rollyard.gateway import FastTokenizer, build_gateway, create_app
+
+from .conftest import ADMIN, ScriptedBackend
 from .test_fuzz import ROUTES, SEEDS, http, mutate, paths, server  # noqa: F401 (fixtures)
 
 NONFINITE = [
@@ -161,3 +171,54 @@ def test_any_client_strings_stream_without_an_error_event(
 ) -> None:
     body = {**STREAMED[path], "model": model, "metadata": {"user_id": user}, "user": user}
     streamed_text(http, path, body)
+
+
+# --- class 4: the admin token is no program key on the sandboxes' unix socket ---
+
+
+@contextlib.contextmanager
+def serving_uds(app: Any, path: Path) -> Iterator[httpx.Client]:
+    """The app on a unix socket (uvicorn in a thread), as ``rollyard gateway --uds`` serves it."""
+    srv = uvicorn.Server(uvicorn.Config(app, uds=str(path), log_level="critical"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(path)), base_url="http://gw", timeout=30
+        ) as c:
+            yield c
+    finally:
+        srv.should_exit = True
+        t.join(10)
+
+
+def test_the_admin_token_gets_403_on_model_endpoints_over_the_sandbox_socket(
+    tok: FastTokenizer, tmp_path: Path
+) -> None:
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    app = create_app(gw, poll_interval_s=0.2)
+    with serving_uds(app, tmp_path / "gw.sock") as c:
+        prog = gw.programs.create(Program())
+        hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for prefix in (f"/p/{prog.id}", f"/p/{prog.id}/v1"):
+            r = c.post(f"{prefix}/chat/completions", json=hi, headers={"x-api-key": ADMIN})
+            assert r.status_code == 403, (prefix, r.status_code, r.text[:200])
+            r = c.post(
+                f"{prefix}/messages",
+                json={**hi, "max_tokens": 4},
+                headers={"Authorization": f"Bearer {ADMIN}"},
+            )
+            assert r.status_code == 403, (prefix, r.status_code, r.text[:200])
+            assert r.json()["error"]["type"] == "permission_error"
+            r = c.post(f"{prefix}/responses", json={"input": "hi"}, headers={"x-api-key": ADMIN})
+            assert r.status_code == 403, (prefix, r.status_code, r.text[:200])
+            r = c.post(f"{prefix}/completions", json={"prompt": "hi"}, headers={"x-api-key": ADMIN})
+            assert r.status_code == 403, (prefix, r.status_code, r.text[:200])
+        # the program's own key is served there, and nothing the admin tried was journaled
+        r = c.post(f"/p/{prog.id}/v1/chat/completions", json=hi, headers={"x-api-key": prog.api_key})
+        assert r.status_code == 200, r.text[:200]
+        assert len(gw.journal.trajectory(prog.id).turns) == 1
