@@ -3,6 +3,8 @@ over real HTTP (scripted engine). Each test names the class of issue 45 it holds
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import threading
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 from rollyard.core.program import Program
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 
-from .conftest import ADMIN, ScriptedBackend
+from .conftest import ADMIN, ScriptedBackend, serving
 from .test_fuzz import ROUTES, SEEDS, http, mutate, paths, server  # noqa: F401 (fixtures)
 
 NONFINITE = [
@@ -222,3 +224,62 @@ def test_the_admin_token_gets_403_on_model_endpoints_over_the_sandbox_socket(
         r = c.post(f"/p/{prog.id}/v1/chat/completions", json=hi, headers={"x-api-key": prog.api_key})
         assert r.status_code == 200, r.text[:200]
         assert len(gw.journal.trajectory(prog.id).turns) == 1
+
+
+# --- class 3: finishing a program while its requests are in flight ---
+
+
+class SlowBackend(ScriptedBackend):
+    """Each generation takes ``delay_s``: requests are in flight when the finish arrives."""
+
+    delay_s = 0.4
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(prompt_ids, params)
+
+
+def finish_while_in_flight(url: str, hi: dict[str, Any], at_engine_s: float) -> None:
+    """Six concurrent requests of one program, a finish ``at_engine_s`` after they start: every
+    answer is 200 or 409, the finish is 200, and the trajectory read right after the finish holds
+    exactly the answered turns, numbered without a gap; a request after it gets 409."""
+    prog = httpx.post(f"{url}/programs", json={}, headers={"x-api-key": ADMIN}).json()
+    key = {"x-api-key": prog["api_key"]}
+    warm = httpx.post(f"{url}/v1/chat/completions", json=hi, headers=key, timeout=120)
+    assert warm.status_code == 200, warm.text[:200]
+
+    def ask(_: int) -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions", json=hi, headers=key, timeout=120)
+
+    admin = {"x-api-key": ADMIN}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = [pool.submit(ask, i) for i in range(6)]
+        time.sleep(at_engine_s)  # the first is at the engine, the rest queued behind it
+        finish = httpx.post(f"{url}/programs/{prog['id']}/finish", json={}, headers=admin, timeout=120)
+        traj = httpx.get(f"{url}/programs/{prog['id']}/trajectory", headers=admin).json()
+        done = [a.result() for a in answers]
+    assert finish.status_code == 200, finish.text[:300]
+    codes = [r.status_code for r in done]
+    assert all(c in (200, 409) for c in codes), [(r.status_code, r.text[:200]) for r in done]
+    assert all("internal_error" not in r.text for r in done)
+    ok = codes.count(200)
+    assert ok >= 1  # the one at the engine when the finish came completed
+    turns = [t for seg in traj["segments"] for t in seg["turns"]]
+    assert len(turns) == 1 + ok, (len(turns), codes)  # journaled before the finish was answered
+    assert [t["index"] for t in turns] == list(range(len(turns)))
+    late = httpx.post(f"{url}/v1/chat/completions", json=hi, headers=key, timeout=30)
+    assert late.status_code == 409, late.text[:200]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_finishing_a_program_with_requests_in_flight_journals_every_answered_turn(
+    tok: FastTokenizer, tmp_path: Path, stream: bool
+) -> None:
+    """The order: the finish takes effect at once (new requests 409), the turn in flight completes
+    and is journaled, requests queued behind it get 409 before the engine runs, and the finish is
+    answered after the turn in flight is journaled; never a 5xx."""
+    engine = SlowBackend(tok)
+    gw = build_gateway({"fake": engine}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    with serving(create_app(gw, poll_interval_s=0.2)) as url:
+        hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": stream}
+        finish_while_in_flight(url, hi, engine.delay_s / 2)
