@@ -283,3 +283,79 @@ def test_finishing_a_program_with_requests_in_flight_journals_every_answered_tur
     with serving(create_app(gw, poll_interval_s=0.2)) as url:
         hi = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": stream}
         finish_while_in_flight(url, hi, engine.delay_s / 2)
+
+
+# --- class 7: typed fields are strict, as the imitated APIs are ---
+
+INTS = {
+    "/v1/chat/completions": ["max_tokens", "max_completion_tokens", "top_k", "n", "seed", "top_logprobs"],
+    "/v1/responses": ["max_output_tokens", "top_logprobs"],
+    "/v1/messages": ["max_tokens", "top_k"],
+    "/v1/completions": ["max_tokens", "seed"],
+}
+FLOATS = {
+    "/v1/chat/completions": ["temperature", "top_p", "frequency_penalty", "presence_penalty"],
+    "/v1/responses": ["temperature", "top_p"],
+    "/v1/messages": ["temperature", "top_p"],
+    "/v1/completions": ["temperature", "top_p"],
+}
+BOOLS = {
+    "/v1/chat/completions": ["stream", "logprobs", "parallel_tool_calls", "store"],
+    "/v1/responses": ["stream", "store", "parallel_tool_calls"],
+    "/v1/messages": ["stream"],
+}
+BASE = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"input": "hi"},
+    "/v1/messages": {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/completions": {"prompt": "hi"},
+}
+NUMBER_TEXT = st.from_regex(r"\A-?[0-9]{1,3}(\.[0-9]{1,2})?\Z") | st.sampled_from(
+    ["1", "0", "8", "1e1", " 1"]
+)
+BOOL_TEXT = st.sampled_from(["yes", "no", "true", "false", "True", "1", "0", "on", "off", "y", "t"])
+FIELDS = [(r, f, "int") for r, fs in INTS.items() for f in fs]
+FIELDS += [(r, f, "float") for r, fs in FLOATS.items() for f in fs]
+FIELDS += [(r, f, "bool") for r, fs in BOOLS.items() for f in fs]
+
+
+def wrong_value(kind: str) -> st.SearchStrategy[Any]:
+    if kind == "bool":
+        return BOOL_TEXT | st.integers(0, 1) | st.sampled_from([0.0, 1.0])
+    return NUMBER_TEXT | st.booleans()
+
+
+@pytest.mark.parametrize(
+    "path, field, value",
+    [
+        ("/v1/chat/completions", "max_tokens", "8"),
+        ("/v1/chat/completions", "stream", "yes"),
+        ("/v1/chat/completions", "logprobs", "yes"),
+        ("/v1/responses", "stream", "yes"),
+        ("/v1/messages", "max_tokens", "8"),
+        ("/v1/messages", "stream", 1),
+    ],
+)
+def test_issue_examples_of_lax_coercion_are_400(
+    http: httpx.Client,  # noqa: F811
+    path: str,
+    field: str,
+    value: Any,
+) -> None:
+    r = http.post(path, json={**BASE[path], field: value})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert field in r.text
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(spec=st.sampled_from(FIELDS), data=st.data())
+def test_a_typed_field_given_another_json_type_is_400(
+    http: httpx.Client,  # noqa: F811
+    spec: tuple[str, str, str],
+    data: st.DataObject,
+) -> None:
+    path, field, kind = spec
+    value = data.draw(wrong_value(kind))
+    r = http.post(path, json={**BASE[path], field: value})
+    assert r.status_code == 400, (path, field, value, r.status_code, r.text[:300])
+    assert field in r.text, r.text[:300]
