@@ -267,6 +267,7 @@ class BwrapProvider:
             self.bwrap,
             "--unshare-all",
             "--unshare-user",
+            "--as-pid-1",  # bwrap waits for the namespace's pid 1 itself: no orphan (see _pidns)
             "--disable-userns",
             "--uid",
             str(INSIDE_UID),
