@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from rollyard.core.program import Program
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
+from rollyard.gateway.model_route import STRINGS_PER_OBJECT, count_objects
 
 from .conftest import ADMIN, ScriptedBackend, serving
 from .test_fuzz import ROUTES, SEEDS, http, mutate, paths, server  # noqa: F401 (fixtures)
@@ -359,3 +360,39 @@ def test_a_typed_field_given_another_json_type_is_400(
     r = http.post(path, json={**BASE[path], field: value})
     assert r.status_code == 400, (path, field, value, r.status_code, r.text[:300])
     assert field in r.text, r.text[:300]
+
+
+# --- class 5: the object count a body is refused by, against the parser's own ---
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab,:', max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[{"\\k', max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _containers(v: Any) -> int:
+    if isinstance(v, dict):
+        return 1 + sum(_containers(x) for x in v.values())
+    if isinstance(v, list):
+        return 1 + sum(_containers(x) for x in v)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ANY_JSON, st.booleans())
+def test_the_object_count_is_the_parsers_whenever_it_matters(value: Any, ascii_only: bool) -> None:
+    """Brackets, quotes and backslashes inside strings are not counted once the first count is
+    over the limit (the bound that decides); with too many strings the first count stands."""
+    raw = json.dumps(value, ensure_ascii=ascii_only).encode()
+    first = raw.count(b"{") + raw.count(b"[")
+    exact = _containers(value)
+    for limit in (1, 4, 1000):
+        n = count_objects(raw, limit)
+        if first <= limit or raw.count(b'"') > 2 * STRINGS_PER_OBJECT * limit:
+            assert n == first
+        else:
+            assert n == exact, (raw, n, exact)

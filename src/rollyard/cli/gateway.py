@@ -31,6 +31,9 @@ def gateway(
         0, min=0, help="divided rollout: generate in chunks of this many tokens, rescheduled (0: off)"
     ),
     max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="largest request body accepted (413 above)"),
+    max_body_objects: int = typer.Option(
+        50_000, min=1, help="JSON objects and arrays a model request may hold (400 above)"
+    ),
     open_metrics: bool = typer.Option(False, help="serve /metrics without the admin token"),
     error_budget: int = typer.Option(
         20, help="failed requests per minute before a program gets 429 (0: off)"
@@ -46,6 +49,7 @@ def gateway(
 
     limits = GatewayLimits(
         max_body_bytes=max_body_bytes,
+        max_body_objects=max_body_objects,
         open_metrics=open_metrics,
         error_budget=error_budget,
         engine_timeout_s=engine_timeout_s,

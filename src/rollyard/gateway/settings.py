@@ -25,8 +25,15 @@ class GatewayLimits(BaseModel):
     breaker_base_s: float = Field(default=1.0, gt=0)
     breaker_max_s: float = Field(default=30.0, gt=0)
     # Requests with more text than this are rendered (tokenized) in a worker thread, so the
-    # event loop (and /health) never waits on a multi-megabyte prompt.
+    # event loop (and /health) never waits on a multi-megabyte prompt; each message counts as
+    # RENDER_CHARS_PER_MESSAGE characters more, so many short messages are offloaded too.
     offload_chars: int = Field(default=32_768, ge=0)
+    # A model request's body may hold this many JSON objects and arrays (messages, content parts,
+    # tool schemas; brackets inside strings count too, a conservative bound), else 400 before it
+    # is parsed: parsing and validating are on the event loop and cost ~2 us an object (a body of
+    # 240,000 empty messages held every program for seconds). A 2,000-message agent conversation
+    # with tools has ~10,000.
+    max_body_objects: int = Field(default=50_000, ge=1)
     # Idle keep-alive connections are kept longer than clients keep theirs (httpx, aiohttp:
     # 5 s), so the client always closes first and never reuses one the server is closing.
     keep_alive_s: int = Field(default=65, ge=1)
