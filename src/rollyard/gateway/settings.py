@@ -37,6 +37,14 @@ class GatewayLimits(BaseModel):
     # Idle keep-alive connections are kept longer than clients keep theirs (httpx, aiohttp:
     # 5 s), so the client always closes first and never reuses one the server is closing.
     keep_alive_s: int = Field(default=65, ge=1)
+    # Slow clients (gateway/conn_guard.py): a request's headers must arrive within
+    # header_timeout_s of its first byte (or of the connection), its body within body_timeout_s of
+    # its headers, else the connection is closed; headers over max_header_bytes get a 431; one
+    # address holds at most max_conns_per_peer TCP connections (more are closed at once).
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_conns_per_peer: int = Field(default=1024, ge=1)
     # An engine call that sends nothing for this long fails (EngineUnavailable, retryable).
     engine_timeout_s: float = Field(default=600.0, gt=0)
     # A program that makes no model request for this long is terminated (status idle_timeout)
