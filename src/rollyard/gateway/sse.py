@@ -35,7 +35,7 @@ class _Slot:
     def __copy__(self) -> _Slot:
         return self
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Slot:
+    def __deepcopy__(self, _memo: dict[int, Any]) -> _Slot:
         return self
 
 
