@@ -46,6 +46,46 @@ def test_primed_raises_before_the_first_item_and_then_yields_all_in_order() -> N
     assert asyncio.run(run()) == [0, 1, 2, 3, 4]
 
 
-def test_a_value_holding_the_markers_text_still_gives_the_exact_event() -> None:
-    data = {"model": f"a{SLOT}b", "delta": {"content": SLOT}, "n": [SLOT, 1]}
-    assert Frame(data).fill("x", 7) == event({"model": f"a{SLOT}b", "delta": {"content": "x"}, "n": [7, 1]})
+def test_a_value_holding_the_old_markers_text_still_gives_the_exact_event() -> None:
+    old = "\x00rollyard-slot\x00"  # the marker was this string; a model name equal to it was a 500
+    data = {"model": old, "m2": f"a{old}b", "delta": {"content": SLOT}, "n": [SLOT, 1]}
+    filled = {"model": old, "m2": f"a{old}b", "delta": {"content": "x"}, "n": [7, 1]}
+    assert Frame(data).fill("x", 7) == event(filled)
+
+
+_LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _TEXT
+_JSON = st.recursive(
+    _LEAF | st.just(SLOT),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=16,
+)
+
+
+def _filled(data: object, values: list[object]) -> object:
+    if data is SLOT:
+        return values.pop(0)
+    if isinstance(data, dict):
+        return {k: _filled(v, values) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_filled(v, values) for v in data]
+    return data
+
+
+def _count(data: object) -> int:
+    if data is SLOT:
+        return 1
+    if isinstance(data, dict):
+        return sum(_count(v) for v in data.values())
+    if isinstance(data, list):
+        return sum(_count(v) for v in data)
+    return 0
+
+
+@given(st.dictionaries(_TEXT, _JSON, max_size=5), st.data(), st.sampled_from([None, "delta"]))
+def test_any_data_with_slots_anywhere_fills_to_its_exact_event(
+    data: dict, draw: st.DataObject, name: str | None
+) -> None:
+    """Client strings of any content (the old marker's text included) are never taken for a slot."""
+    data = {**data, "model": "\x00rollyard-slot\x00", "tail": SLOT}
+    values = [draw.draw(_LEAF) for _ in range(_count(data))]
+    assert Frame(data, name).fill(*values) == event(_filled(data, list(values)), name)

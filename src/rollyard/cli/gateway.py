@@ -31,7 +31,18 @@ def gateway(
         0, min=0, help="divided rollout: generate in chunks of this many tokens, rescheduled (0: off)"
     ),
     max_body_bytes: int = typer.Option(8 * 1024 * 1024, help="largest request body accepted (413 above)"),
+    max_body_objects: int = typer.Option(
+        50_000, min=1, help="JSON objects and arrays a model request may hold (400 above)"
+    ),
     open_metrics: bool = typer.Option(False, help="serve /metrics without the admin token"),
+    header_timeout_s: float = typer.Option(
+        10.0, min=0.001, help="close a connection whose request headers take longer"
+    ),
+    body_timeout_s: float = typer.Option(
+        60.0, min=0.001, help="close a connection whose request body takes longer"
+    ),
+    max_header_bytes: int = typer.Option(64 * 1024, min=1024, help="largest request headers (431 above)"),
+    max_conns_per_peer: int = typer.Option(1024, min=1, help="TCP connections one address may hold"),
     error_budget: int = typer.Option(
         20, help="failed requests per minute before a program gets 429 (0: off)"
     ),
@@ -46,6 +57,11 @@ def gateway(
 
     limits = GatewayLimits(
         max_body_bytes=max_body_bytes,
+        max_body_objects=max_body_objects,
+        header_timeout_s=header_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_header_bytes=max_header_bytes,
+        max_conns_per_peer=max_conns_per_peer,
         open_metrics=open_metrics,
         error_budget=error_budget,
         engine_timeout_s=engine_timeout_s,

@@ -1,8 +1,10 @@
 """Start and stop a local vLLM server with the settings that work on a laptop CPU.
 
 The server runs in its own process group, so stopping it (or the test session ending)
-takes down its engine-core workers too; its output goes to a log file whose tail is
-quoted in any start-up error.
+takes down its engine-core workers too, also when the API server (the group's leader) is
+already dead: its EngineCore and workers outlived a ``kill -9`` of it, ~1.8 GB, while the
+stop saw only the dead leader. Its output goes to a log file whose tail is quoted in any
+start-up error.
 """
 
 from __future__ import annotations
@@ -38,6 +40,39 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()  # state, ppid, pgrp, ...
+        if fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+def end_group(pgid: int, timeout_s: float) -> list[int]:
+    """SIGTERM process group ``pgid``, SIGKILL what is left after ``timeout_s``; the pids still
+    there after that (none, unless the kernel is slow to tear them down)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while (left := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def has_cuda_gpu() -> bool:
@@ -202,26 +237,28 @@ class VLLMServer:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self, wait: bool = True) -> None:
-        """SIGKILL the whole process group at once (crash simulation, forced exit);
-        ``wait=False`` does not reap it (a last-resort hook that must not block)."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            if wait:
-                self.proc.wait()
+        """SIGKILL the whole process group at once (crash simulation, forced exit), its leader
+        dead or not; ``wait=False`` does not reap it (a last-resort hook that must not block)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):  # the group id is the leader's pid (own session)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if wait:
+            self.proc.wait()
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """End the whole process group: SIGTERM, SIGKILL after ``timeout_s``, then check /proc.
+        Runs even when the leader is gone already, as long as any process of the group lives."""
+        if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        # Workers may outlive the leader for a moment; make sure the group is gone.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        pgid = self.proc.pid
+        if self.proc.poll() is not None and not group_members(pgid):
+            return
+        left = end_group(pgid, timeout_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5.0)  # reap the leader
+        if left:
+            log.error("vllm url=%s: processes %s of its group outlived SIGKILL", self.url, left)
         log.info("vllm stopped url=%s", self.url)
 
     def __enter__(self) -> VLLMServer:

@@ -164,7 +164,12 @@ def _grammar(tools_json: str, budget: int) -> str:
         schema = params if isinstance(params, dict) and params else {"type": "object"}
         try:
             args = _fit(schema, budget - len(prefix) - len(suffix))
-        except (TypeError, ValueError, AttributeError) as e:  # e.g. properties as a list, maxLength "x"
+        except (
+            TypeError,
+            ValueError,
+            AttributeError,
+            OverflowError,
+        ) as e:  # properties a list, maxLength "x" or inf
             raise InvalidRequest(f"tool {name!r}: its parameters are not a JSON schema: {e}") from e
         try:
             g = xgr.Grammar.from_json_schema(

@@ -56,7 +56,9 @@ async def caller(request: Request) -> Program:
     pid = request.path_params.get("program_id")
     if pid is not None and (len(pid) > 64 or not _PROGRAM_ID.match(pid)):
         raise NotFound("no such program (program ids are letters, digits, '_', '-' and inner dots)")
-    program = gateway(request).programs.authenticate(api_key(request), pid)
+    program = gateway(request).programs.authenticate(
+        api_key(request), pid, admin_ok=not on_unix_socket(request)
+    )
     request.state.program_id = program.id
     request.app.state.idle.touch(program.id)
     wait = request.app.state.budget.wait_s(program.id)

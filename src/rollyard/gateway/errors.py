@@ -116,10 +116,12 @@ def record_failure(request: Request, status: int, code: str, message: str) -> No
         return
     pid = getattr(request.state, "program_id", None)
     if pid is None and status != 401:
-        from rollyard.gateway.edge import api_key
+        from rollyard.gateway.edge import api_key, on_unix_socket
 
         try:
-            pid = gateway.programs.authenticate(api_key(request), request.path_params.get("program_id")).id
+            pid = gateway.programs.authenticate(
+                api_key(request), request.path_params.get("program_id"), admin_ok=not on_unix_socket(request)
+            ).id
         except RollyardError:
             return
     if pid is None:

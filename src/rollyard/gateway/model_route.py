@@ -15,13 +15,14 @@ import typing
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pydantic_core
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
+from rollyard.core.errors import InvalidRequest
 from rollyard.gateway.edge import FastJSONResponse, caller
+from rollyard.gateway.limits import strict_json
 
 
 def body_model(endpoint: Callable[..., Any]) -> type[BaseModel] | None:
@@ -36,6 +37,34 @@ def _invalid(e: ValidationError) -> RequestValidationError:
     """FastAPI's error shape: locations start at ``body``."""
     errors = e.errors(include_url=False, include_context=False, include_input=False)
     return RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in errors])
+
+
+STRINGS_PER_OBJECT = 8  # strings a body may hold per allowed object before brackets in them count
+
+
+def count_objects(raw: bytes, limit: int) -> int:
+    """The JSON objects and arrays in ``raw``, counted in C without parsing it: every bracket
+    first (~10 ms for 8 MB); over ``limit``, those outside strings only (escaped quotes and
+    backslashes dropped, then every other piece between quotes), unless the body has so many
+    strings that separating them would cost what parsing does: then the first count stands."""
+    n = raw.count(b"{") + raw.count(b"[")
+    if n <= limit or raw.count(b'"') > 2 * STRINGS_PER_OBJECT * limit:
+        return n
+    text = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    outside = b"".join(text.split(b'"')[::2])
+    return outside.count(b"{") + outside.count(b"[")
+
+
+def check_objects(raw: bytes, limit: int) -> None:
+    """Refuse a body with more than ``limit`` objects and arrays before it is parsed: parsing and
+    validating run on the event loop at ~2 us an object."""
+    n = count_objects(raw, limit)
+    if n > limit:
+        raise InvalidRequest(
+            f"too many JSON objects and arrays in the request body (gateway.limits.max_body_objects, "
+            f"--max-body-objects: {limit}); it has {n}",
+            code="too_many_objects",
+        )
 
 
 class ModelRoute(APIRoute):
@@ -54,9 +83,11 @@ class ModelRoute(APIRoute):
 
         async def handle(request: Request) -> Response:
             raw = await request.body()
+            check_objects(raw, request.app.state.limits.max_body_objects)
             try:
-                # Strict JSON: invalid UTF-8, lone surrogates and NaN/Infinity are refused here.
-                data = pydantic_core.from_json(raw, allow_inf_nan=False)
+                # Strict JSON: invalid UTF-8, lone surrogates, NaN/Infinity and numbers out of
+                # range are refused here.
+                data = strict_json(raw)
             except ValueError as e:  # the parser's reason, as FastAPI's own json_invalid carries it
                 err = {
                     "type": "json_invalid",

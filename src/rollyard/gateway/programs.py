@@ -91,12 +91,17 @@ class ProgramTable:
         if not self.is_admin(key):
             raise AuthError("invalid admin token")
 
-    def authenticate(self, key: str | None, program_id: str | None = None) -> Program:
-        """The program a model request acts for. ``program_id`` comes from a ``/p/{id}/`` URL."""
+    def authenticate(self, key: str | None, program_id: str | None = None, admin_ok: bool = True) -> Program:
+        """The program a model request acts for. ``program_id`` comes from a ``/p/{id}/`` URL,
+        where the admin token may act for any program unless ``admin_ok`` is False (the
+        sandboxes' socket: there only a program's own key is one)."""
         if not key:
             raise AuthError("missing API key (Authorization: Bearer ... or x-api-key)")
-        if program_id is not None and self.is_admin(key):
-            return self.get(program_id)
+        if self.is_admin(key):
+            if not admin_ok:
+                raise Forbidden("the admin token is not a program key on the gateway's sandbox socket")
+            if program_id is not None:
+                return self.get(program_id)
         pid = self._by_key.get(_digest(key))
         prog = self._programs.get(pid) if pid else None
         if prog is None or not keys_equal(prog.api_key, key):

@@ -119,9 +119,14 @@ _FIRST_CACHE_MAX_CHARS = 256 * 1024  # 256 entries of at most this: <= ~128 MB, 
 OFFLOAD_CHARS = 32_768  # requests with more text are rendered in a worker thread
 
 
+RENDER_CHARS_PER_MESSAGE = 64  # a message's template work, in characters of text
+
+
 def request_chars(request: ChatRequest) -> int:
-    """A cheap size estimate: the text a render would tokenize (tools counted roughly)."""
-    n = sum(len(m.content) + len(m.reasoning or "") for m in request.messages)
+    """A cheap estimate of a render's cost, in characters: the text it would tokenize (tools
+    counted roughly) and a fixed share per message (templating, tool calls), so a body of many
+    empty messages is not taken for a cheap one."""
+    n = sum(len(m.content) + len(m.reasoning or "") + RENDER_CHARS_PER_MESSAGE for m in request.messages)
     return n + sum(len(t.description) + 256 for t in request.tools)
 
 

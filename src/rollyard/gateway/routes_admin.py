@@ -72,10 +72,11 @@ async def get_program(program_id: str, request: Request) -> dict[str, Any]:
 
 @router.post("/programs/{program_id}/finish")
 async def finish_program(program_id: str, body: FinishProgram, request: Request) -> dict[str, Any]:
-    """End a program (finished or terminated) and fire the termination hooks."""
+    """End a program (finished or terminated) and fire the termination hooks; answered once its
+    turn in flight, if any, is journaled (``Gateway.finish``)."""
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
-    return gw.programs.finish(program_id, body.state, body.status, body.outcome).public()
+    return (await gw.finish(program_id, body.state, body.status, body.outcome)).public()
 
 
 @router.get("/programs/{program_id}/trajectory")

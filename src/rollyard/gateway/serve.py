@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -64,6 +65,19 @@ def bind_tcp(host: str, port: int, backlog: int = 2048) -> socket.socket:
     sock.bind((host, port))
     sock.listen(backlog)
     return sock
+
+
+def uvicorn_config(app: Any, limits: GatewayLimits, **kwargs: Any) -> Any:
+    """The server's settings: keep-alive, and the connection guard's slow-client limits."""
+    import uvicorn
+
+    from rollyard.gateway.conn_guard import guarded
+
+    kwargs.setdefault("log_level", "warning")
+    kwargs.setdefault("timeout_graceful_shutdown", 10)
+    return uvicorn.Config(
+        app, http=guarded(limits), access_log=False, timeout_keep_alive=limits.keep_alive_s, **kwargs
+    )
 
 
 def serve(
@@ -119,13 +133,7 @@ def serve(
         sockets.append(bind_unix_socket(uds))
         print(f"rollyard gateway: unix socket {uds}", flush=True)
     # requests held by the scheduler (a paused program) would keep a graceful stop waiting forever
-    config = uvicorn.Config(
-        create_app(gw, limits=limits),
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=limits.keep_alive_s,
-        timeout_graceful_shutdown=10,
-    )
+    config = uvicorn_config(create_app(gw, limits=limits), limits)
     tune_gc(freeze=True)
     try:
         uvicorn.Server(config).run(sockets=sockets)

@@ -17,6 +17,7 @@ from rollyard.core.clock import Clock
 from rollyard.core.errors import EngineUnavailable, InvalidRequest, NotFound
 from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
+from rollyard.core.trajectory import Outcome
 from rollyard.engines.base import Completion
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
@@ -63,13 +64,38 @@ class Gateway:
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
         programs.on_terminate(lambda p: pool.forget(p.id))
-        programs.on_terminate(lambda p: self.forget(p.id))
+        programs.on_terminate(self._ended)
         pool.on_decision(self._mirror_decision)
 
     def forget(self, program_id: str) -> None:
         """Free a finished program's in-memory state (its turns stay in the journal)."""
         self.conversations.pop(program_id, None)
         self._locks.pop(program_id, None)
+
+    def _ended(self, program: Program) -> None:
+        """A program finished: free its state now, or, while a turn of it is in flight, when that
+        turn has been journaled (its record builds on the state: freed early, it took index 0
+        again and failed the journal's unique key, a 500 that lost the engine's work)."""
+        if not self.busy(program.id):
+            self.forget(program.id)
+
+    async def finish(
+        self, program_id: str, state: ProgramState, status: str | None, outcome: Outcome | None = None
+    ) -> Program:
+        """End a program, then wait until its turn in flight (if any) is journaled.
+
+        The order: the finish takes effect at once (the program's key gets 409 for new requests,
+        and requests queued behind the turn in flight get 409 before the engine runs); the turn
+        at the engine completes and is journaled; then this returns, so a trajectory read after
+        it holds every turn that was answered."""
+        lock = self._locks.get(program_id)
+        program = self.programs.finish(program_id, state, status, outcome)
+        if lock is not None:
+            async with lock:  # the turn in flight, then each queued request's refusal
+                pass
+            if not self.busy(program_id):
+                self.forget(program_id)
+        return program
 
     def busy(self, program_id: str) -> bool:
         """A request of this program is being served (its turn lock is held)."""
@@ -116,11 +142,18 @@ class Gateway:
             raise InvalidRequest("messages must not be empty")
         self.renderer.check_fits(request, context_limit(program, self.pool.max_model_len))
         entered = self.clock.now()
-        async with self._locks.setdefault(program.id, asyncio.Lock()):
-            plan = await self.renderer.arender(request, self.conversations.get(program.id))
-            async for item in self._run(program, request, plan, entered):
-                yield item
-        if program.state.is_over:  # finished while this turn ran: its state was already freed
+        try:
+            async with self._locks.setdefault(program.id, asyncio.Lock()):
+                self.programs.require_active(program)  # finished while this request waited its turn
+                plan = await self.renderer.arender(request, self.conversations.get(program.id))
+                async for item in self._run(program, request, plan, entered):
+                    yield item
+        finally:
+            self._after_turn(program)
+
+    def _after_turn(self, program: Program) -> None:
+        """Free the state of a program that finished while this turn ran, if none other runs."""
+        if program.state.is_over and not self.busy(program.id):
             self.forget(program.id)
 
     async def complete_raw(
@@ -144,14 +177,18 @@ class Gateway:
         if not ids:
             raise InvalidRequest("prompt must not be empty")
         entered = self.clock.now()
-        async with self._locks.setdefault(program.id, asyncio.Lock()):
-            prev = self.conversations.get(program.id)
-            head = prev.prompt_ids + prev.completion_ids if prev else []
-            ext = prev is not None and ids[: len(head)] == head
-            plan = RenderPlan(ids, len(head) if ext else 0, ext, None if ext else "raw_completion")
-            result = None
-            async for item in self._run(program, request, plan, entered):
-                result = item
+        try:
+            async with self._locks.setdefault(program.id, asyncio.Lock()):
+                self.programs.require_active(program)  # finished while this request waited its turn
+                prev = self.conversations.get(program.id)
+                head = prev.prompt_ids + prev.completion_ids if prev else []
+                ext = prev is not None and ids[: len(head)] == head
+                plan = RenderPlan(ids, len(head) if ext else 0, ext, None if ext else "raw_completion")
+                result = None
+                async for item in self._run(program, request, plan, entered):
+                    result = item
+        finally:
+            self._after_turn(program)
         assert isinstance(result, ChatResult)
         return {
             "id": result.request_id,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Final
 
 from fastapi.responses import StreamingResponse
 
@@ -24,10 +24,22 @@ def event(data: Any, name: str | None = None) -> str:
     return f"{head}data: {data if isinstance(data, str) else _dumps(data)}\n\n"
 
 
-# Where a ``Frame``'s value goes. A client could send this text too (a model name, say): a
-# frame whose other values hold it is then encoded whole at each use.
-SLOT = "\x00rollyard-slot\x00"
-_SLOT_JSON = _dumps(SLOT)
+class _Slot:
+    """Where a ``Frame``'s value goes: an object, so no client string can ever be taken for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SLOT"
+
+    def __copy__(self) -> _Slot:
+        return self
+
+    def __deepcopy__(self, _memo: dict[int, Any]) -> _Slot:
+        return self
+
+
+SLOT: Final = _Slot()
 
 
 class Frame:
@@ -37,22 +49,21 @@ class Frame:
     ``data`` holds ``SLOT`` where a value goes; ``fill`` takes the values in the order the
     slots appear in the encoded JSON (the dicts' insertion order). The result is exactly
     ``event(data with the values, name)``; only each value is encoded per token instead of the
-    whole frame. Should a value of ``data`` itself contain the marker's text (a client's model
-    name, say), each use encodes the whole frame instead."""
+    whole frame. The text around the slots is encoded piece by piece, so the slots are found
+    by identity, never by searching the encoded text for a marker a client could also send."""
 
     def __init__(self, data: dict[str, Any], name: str | None = None) -> None:
-        self._data, self._name = data, name
-        self._slots = _fill(data, iter(()), count=True)
+        parts = [f"event: {name}\ndata: " if name else "data: "]
+        _encode(data, parts)
+        parts[-1] += "\n\n"
+        self._parts = parts
+        self._slots = len(parts) - 1
         if not self._slots:
             raise ValueError("a frame needs at least one SLOT")
-        parts = event(data, name).split(_SLOT_JSON)
-        self._parts = parts if len(parts) == self._slots + 1 else None
 
     def fill(self, *values: Any) -> str:
         if len(values) != self._slots:
             raise ValueError(f"this frame has {self._slots} slots, got {len(values)} values")
-        if self._parts is None:
-            return event(_fill(self._data, iter(values)), self._name)
         parts = self._parts
         out = [parts[0]]
         for value, part in zip(values, parts[1:], strict=True):
@@ -60,18 +71,25 @@ class Frame:
         return "".join(out)
 
 
-def _fill(data: Any, values: Iterator[Any], count: bool = False) -> Any:
-    """``data`` with each ``SLOT`` replaced by the next value, in encoding order; with
-    ``count``, the number of slots instead."""
-    if isinstance(data, dict):
-        items = [(k, _fill(v, values, count)) for k, v in data.items()]
-        return sum(v for _, v in items) if count else dict(items)
-    if isinstance(data, list):
-        items = [_fill(v, values, count) for v in data]
-        return sum(items) if count else items
-    if isinstance(data, str) and data == SLOT:
-        return 1 if count else next(values)
-    return 0 if count else data
+def _encode(data: Any, parts: list[str]) -> None:
+    """Append ``data``'s compact JSON to ``parts[-1]``, starting a new part after each ``SLOT``
+    (the same text ``_dumps`` gives, the slots left out)."""
+    if data is SLOT:
+        parts.append("")
+    elif isinstance(data, dict):
+        parts[-1] += "{"
+        for i, (k, v) in enumerate(data.items()):
+            parts[-1] += ("," if i else "") + _dumps(k) + ":"
+            _encode(v, parts)
+        parts[-1] += "}"
+    elif isinstance(data, list):
+        parts[-1] += "["
+        for i, v in enumerate(data):
+            parts[-1] += "," if i else ""
+            _encode(v, parts)
+        parts[-1] += "]"
+    else:
+        parts[-1] += _dumps(data)
 
 
 def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> StreamingResponse:

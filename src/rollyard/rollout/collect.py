@@ -171,7 +171,7 @@ async def run_program(
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
         gw.journal.record_events(program.id, res.events)  # the agent's side: tool results, CM
-        gw.programs.finish(program.id, state, res.status, res.outcome)
+        await gw.finish(program.id, state, res.status, res.outcome)  # after any turn in flight
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
             log.warning("program=%s lost its engine; healing and re-running", program.id)
             await svc.fleet.heal()

@@ -33,7 +33,7 @@ from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.heap import tune_gc
-from rollyard.gateway.serve import bind_tcp, bind_unix_socket
+from rollyard.gateway.serve import bind_tcp, bind_unix_socket, uvicorn_config
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.config import Config
@@ -257,11 +257,9 @@ async def start_gateway(
         divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
     )
     port = cfg.gateway.port or free_port()
-    config = uvicorn.Config(
+    config = uvicorn_config(  # with the slow-client guard, as `rollyard gateway` serves
         create_app(gw, limits=cfg.gateway.limits),
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=cfg.gateway.limits.keep_alive_s,
+        cfg.gateway.limits,
         lifespan="on",
         timeout_graceful_shutdown=int(GATEWAY_DRAIN_S),
     )

@@ -202,6 +202,8 @@ class BwrapSandbox(HostWorkspace):
             self.leaked = len(processes_of(self.uid))
         if self.cgroups:
             self.leaked += Cgroups.remove(self.cgroups)
+        if self._provider._cgroups is not None:
+            self._provider._cgroups.release(self.id)
         _fs.remove_tree(self.dir)
         self.leaked += int(self.dir.exists())
         if self._lease is not None:
@@ -267,6 +269,7 @@ class BwrapProvider:
             self.bwrap,
             "--unshare-all",
             "--unshare-user",
+            "--as-pid-1",  # bwrap waits for the namespace's pid 1 itself: no orphan (see _pidns)
             "--disable-userns",
             "--uid",
             str(INSIDE_UID),
@@ -301,7 +304,9 @@ class BwrapProvider:
     def collect_stale(self) -> int:
         """Remove directories (under this root) and cgroups of sandboxes whose owner died without
         closing them (a crash, SIGKILL); their processes died with it (bwrap --die-with-parent).
-        Returns how many were removed."""
+        A sandbox is dead when its lock here is free and no process holds its cgroups (the owner
+        of a live one does, whatever its lock directory: see ``_cgroup``). Returns how many
+        directories were removed."""
         names = {p.name for p in self.root.iterdir() if p.name.startswith("sbx_")}
         names |= {p.name[: -len(".lock")] for p in self.lock_dir.glob("sbx_*.lock")}
         parents = list(self._cgroups.parents.values()) if self._cgroups else []
@@ -314,7 +319,15 @@ class BwrapProvider:
             if fd is None:
                 continue  # a live sandbox
             try:
-                Cgroups.remove([parent / name for parent in parents if (parent / name).exists()])
+                groups = [parent / name for parent in parents if (parent / name).exists()]
+                held = Cgroups.claim(groups)
+                if held is None:
+                    continue  # live, owned by a provider with another lock directory
+                try:
+                    Cgroups.remove(groups)
+                finally:
+                    for g in held:
+                        os.close(g)
                 if (self.root / name).exists():
                     _fs.remove_tree(self.root / name)
                     removed += 1

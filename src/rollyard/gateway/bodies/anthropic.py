@@ -6,7 +6,17 @@ from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import Field, Tag
 
-from rollyard.gateway.bodies.common import Body, MaxTokens, Name, Part, Temperature, TopK, TopP, tag
+from rollyard.gateway.bodies.common import (
+    Body,
+    Bool,
+    MaxTokens,
+    Name,
+    Part,
+    Temperature,
+    TopK,
+    TopP,
+    tag,
+)
 
 
 class TextBlock(Part):
@@ -40,7 +50,7 @@ class ToolResultBlock(Part):
     type: Literal["tool_result"]
     tool_use_id: NotRequired[str]
     content: NotRequired[str | list[ResultPart] | None]
-    is_error: NotRequired[bool | None]
+    is_error: NotRequired[Bool | None]
 
 
 class ThinkingBlock(Part):
@@ -93,18 +103,18 @@ Tool = Annotated[
 
 class AutoChoice(Part):
     type: Literal["auto"]
-    disable_parallel_tool_use: NotRequired[bool | None]
+    disable_parallel_tool_use: NotRequired[Bool | None]
 
 
 class AnyChoice(Part):
     type: Literal["any"]
-    disable_parallel_tool_use: NotRequired[bool | None]
+    disable_parallel_tool_use: NotRequired[Bool | None]
 
 
 class ToolChoiceNamed(Part):
     type: Literal["tool"]
     name: Name
-    disable_parallel_tool_use: NotRequired[bool | None]
+    disable_parallel_tool_use: NotRequired[Bool | None]
 
 
 class NoneChoice(Part):
@@ -136,7 +146,7 @@ class MessagesBody(Body):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
-    stream: bool | None = False
+    stream: Bool | None = False
     thinking: dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None

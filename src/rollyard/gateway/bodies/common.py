@@ -13,16 +13,22 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Strict
 from typing_extensions import TypedDict
 
+# Scalars are strict, as the APIs imitated are: ``"8"`` is no integer, ``"yes"`` or ``1`` no
+# boolean (pydantic's lax mode took both). A float field takes an integer (JSON has one number
+# type); an integer field takes no float, not even ``8.0``.
+Bool = Annotated[bool, Strict()]
+StrictInt = Annotated[int, Strict()]
+
 # The ranges vLLM's SamplingParams accepts: a value outside them never reaches the engine.
-MaxTokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-TopK = Annotated[int, Field(ge=-1, le=2**31 - 1)]
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+MaxTokens = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+Temperature = Annotated[float, Strict(), Field(ge=0.0, le=2.0)]
+TopP = Annotated[float, Strict(), Field(gt=0.0, le=1.0)]
+TopK = Annotated[int, Strict(), Field(ge=-1, le=2**31 - 1)]
+Seed = Annotated[int, Strict(), Field(ge=-(2**63), le=2**63 - 1)]
+Penalty = Annotated[float, Strict(), Field(ge=-2.0, le=2.0)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 
 MAX_UNKNOWN_FIELDS = 32  # names recorded per request; the rest are counted

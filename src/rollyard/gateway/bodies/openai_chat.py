@@ -8,11 +8,13 @@ from pydantic import Field
 
 from rollyard.gateway.bodies.common import (
     Body,
+    Bool,
     MaxTokens,
     Name,
     Part,
     Penalty,
     Seed,
+    StrictInt,
     Temperature,
     TopK,
     TopP,
@@ -100,7 +102,7 @@ class FunctionDef(Part):
     name: Name
     description: NotRequired[str | None]
     parameters: NotRequired[dict[str, Any] | None]
-    strict: NotRequired[bool | None]
+    strict: NotRequired[Bool | None]
 
 
 class ChatFunctionTool(Part):
@@ -122,7 +124,7 @@ class NamedToolChoice(Part):
 
 
 class StreamOptions(Part):
-    include_usage: NotRequired[bool | None]
+    include_usage: NotRequired[Bool | None]
 
 
 # Accepted and knowingly not honoured; recorded in the turn's IGNORED_PARAMS event when set.
@@ -154,22 +156,22 @@ class ChatCompletionBody(Body):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
+    n: StrictInt | None = Field(default=None, ge=1, le=128)
     seed: Seed | None = None
-    stream: bool | None = False
+    stream: Bool | None = False
     stream_options: StreamOptions | None = None
     # not honoured (recorded), but typed so a wrong shape is a 400 and the schema is honest
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: Bool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     metadata: dict[str, str] | None = None
-    store: bool | None = None
+    store: Bool | None = None
     reasoning_effort: str | None = None
     service_tier: str | None = None
     prediction: dict[str, Any] | None = None

@@ -6,7 +6,17 @@ from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import Field, Tag
 
-from rollyard.gateway.bodies.common import Body, MaxTokens, Name, Part, Temperature, TopP, tag
+from rollyard.gateway.bodies.common import (
+    Body,
+    Bool,
+    MaxTokens,
+    Name,
+    Part,
+    StrictInt,
+    Temperature,
+    TopP,
+    tag,
+)
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
@@ -74,7 +84,7 @@ class ResponsesFunctionTool(Part):
     name: Name
     description: NotRequired[str | None]
     parameters: NotRequired[dict[str, Any] | None]
-    strict: NotRequired[bool | None]
+    strict: NotRequired[Bool | None]
 
 
 class HostedTool(Part):
@@ -116,14 +126,14 @@ class ResponsesBody(Body):
     max_output_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    stream: bool | None = False
+    stream: Bool | None = False
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None  # "message.output_text.logprobs" honoured, the rest recorded
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    store: bool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    store: Bool | None = None
     prompt_cache_key: str | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
     text: dict[str, Any] | None = None
     truncation: str | None = None
     metadata: dict[str, str] | None = None

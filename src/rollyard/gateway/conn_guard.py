@@ -1,0 +1,125 @@
+"""Connection-level limits uvicorn does not set: slow and oversized requests, connections per peer.
+
+uvicorn waits for a request's headers and body without end (its keep-alive timer runs only
+between requests, and any byte cancels it), accepts headers of any size with httptools, and
+accepts any number of connections from one address: ~21,000 idle partial connections (no key
+needed) exhausted the gateway's descriptors and new connections were reset. This protocol (uvicorn's
+httptools one, subclassed) closes a connection whose request headers have not arrived within
+``header_timeout_s`` of its first byte (or of the connection, if nothing came), or whose body has
+not arrived within ``body_timeout_s`` of its headers; answers 431 to headers over
+``max_header_bytes``; and closes at once a TCP connection beyond ``max_conns_per_peer`` from one
+address (the sandboxes' unix socket is not capped: every sandbox is the same peer there). The
+application's own time is not limited here (a request waiting for the engine is no slow client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from rollyard.gateway.settings import GatewayLimits
+
+_IDLE, _HEADERS, _BODY, _APP = range(4)
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits above (class attributes, see ``guarded``)."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_header_bytes: int
+    max_conns_per_peer: int
+    per_peer: dict[str, int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = _IDLE
+        self._head_bytes = 0
+        self._deadline: asyncio.TimerHandle | None = None
+        self._peer: str | None = None
+
+    def _arm(self, seconds: float) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(seconds, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        if self._phase != _APP and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = self.client[0] if self.client else None
+        if peer is not None:
+            if self.per_peer.get(peer, 0) >= self.max_conns_per_peer:
+                transport.abort()
+                return
+            self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+            self._peer = peer
+        self._arm(self.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._peer is not None:
+            left = self.per_peer.get(self._peer, 1) - 1
+            if left > 0:
+                self.per_peer[self._peer] = left
+            else:
+                self.per_peer.pop(self._peer, None)
+            self._peer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase == _IDLE:
+            self._phase, self._head_bytes = _HEADERS, 0
+            self._arm(self.header_timeout_s)
+        if self._phase == _HEADERS:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._phase == _HEADERS and self._head_bytes > self.max_header_bytes:
+            self._disarm()
+            self._refuse_headers()
+
+    def _refuse_headers(self) -> None:
+        if self.transport.is_closing():
+            return
+        body = f"request headers over the gateway's limit of {self.max_header_bytes} bytes\n".encode()
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        self._arm(self.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase = _APP
+        self._disarm()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._phase = _IDLE  # the keep-alive timer (uvicorn's) now runs until the next byte
+        super().on_response_complete()
+
+
+def guarded(limits: GatewayLimits) -> type[GuardedProtocol]:
+    """A protocol class for one server: its limits, and its own count of connections per peer."""
+    attrs = {
+        "header_timeout_s": limits.header_timeout_s,
+        "body_timeout_s": limits.body_timeout_s,
+        "max_header_bytes": limits.max_header_bytes,
+        "max_conns_per_peer": limits.max_conns_per_peer,
+        "per_peer": {},
+    }
+    return type("GuardedProtocol", (GuardedProtocol,), attrs)

@@ -1,0 +1,120 @@
+"""Slow clients and huge headers against the gateway as `rollyard gateway` serves it (uvicorn with
+the connection guard, real sockets): partial headers and bodies are cut off, oversized headers get
+a 431, and one address cannot hold more than its share of connections (issue 45, class 6)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from rollyard.core.net import free_port
+from rollyard.gateway import FastTokenizer, build_gateway, create_app
+from rollyard.gateway.serve import uvicorn_config
+from rollyard.gateway.settings import GatewayLimits
+
+from .conftest import ADMIN, ScriptedBackend
+
+LIMITS = GatewayLimits(
+    header_timeout_s=0.5, body_timeout_s=0.5, max_header_bytes=16 * 1024, max_conns_per_peer=6
+)
+
+
+@pytest.fixture
+def gateway(tok: FastTokenizer, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    port = free_port()
+    srv = uvicorn.Server(
+        uvicorn_config(create_app(gw, limits=LIMITS), LIMITS, port=port, log_level="critical")
+    )
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield "127.0.0.1", port
+    finally:
+        srv.should_exit = True
+        t.join(10)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing, or None if it still held the connection after ``seconds``."""
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_partial_headers_are_cut_off(gateway: tuple[str, int]) -> None:
+    with socket.create_connection(gateway) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        start = time.monotonic()
+        assert closed_within(s, 5) is not None
+        assert time.monotonic() - start < 3
+    with socket.create_connection(gateway) as s:  # a slowloris: a byte now and then
+        start = time.monotonic()
+        for ch in b"GET /health HTTP/1.1\r\n":
+            try:
+                s.sendall(bytes([ch]))
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert closed_within(s, 5) is not None
+        assert time.monotonic() - start < 4
+
+
+def test_a_partial_body_is_cut_off(gateway: tuple[str, int]) -> None:
+    with socket.create_connection(gateway) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\n\r\n{"messages"'
+        )
+        start = time.monotonic()
+        assert closed_within(s, 5) is not None
+        assert time.monotonic() - start < 3
+
+
+def test_oversized_headers_get_431(gateway: tuple[str, int]) -> None:
+    with socket.create_connection(gateway) as s:
+        head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (1024 * 1024) + b"\r\n\r\n"
+        with contextlib.suppress(OSError):
+            s.sendall(head)
+        got = closed_within(s, 5)
+    assert got is not None and got.startswith(b"HTTP/1.1 431"), (got or b"")[:200]
+    host, port = gateway
+    assert httpx.get(f"http://{host}:{port}/health", headers={"x-ok": "a" * 1000}).status_code == 200
+
+
+def test_one_peer_cannot_hold_more_than_its_connections(gateway: tuple[str, int]) -> None:
+    host, port = gateway
+    held = [socket.create_connection(gateway) for _ in range(LIMITS.max_conns_per_peer)]
+    try:
+        time.sleep(0.1)
+        with socket.create_connection(gateway) as extra:
+            assert closed_within(extra, 2) is not None  # closed at once, not held
+        held.pop().close()
+        time.sleep(0.1)
+        assert httpx.get(f"http://{host}:{port}/health").status_code == 200
+    finally:
+        for s in held:
+            s.close()
+    # idle connections that never sent a byte are closed after the header timeout too
+    s = socket.create_connection(gateway)
+    assert closed_within(s, 5) is not None
+    s.close()
