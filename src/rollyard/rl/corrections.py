@@ -91,8 +91,9 @@ def off_policy_correction(
         "is_masked_frac": float((m & ~keep).sum() / n),
         "is_truncated_frac": float((m & keep & truncated).sum() / n),
     }
-    trained = rho[m].float()
-    values = torch.quantile(trained, torch.tensor(QUANTILES)) if trained.numel() else torch.zeros(3)
+    trained = rho[m].double()
+    qs = torch.tensor(QUANTILES, dtype=torch.float64, device=trained.device)
+    values = torch.quantile(trained, qs) if trained.numel() else torch.zeros(3)
     metrics.update({f"is_ratio_p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, values, strict=True)})
     weight = torch.where(m, weight, torch.ones_like(weight)).detach()
     return Correction(weight=weight, keep=keep, metrics=metrics)
