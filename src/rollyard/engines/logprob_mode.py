@@ -42,7 +42,7 @@ def classify(at_one: Mapping[str, float], at_t: Mapping[str, float], temperature
     return "unknown"
 
 
-def probe(url: str, *, timeout_s: float = 30.0) -> Mode:
+def probe(url: str, *, timeout_s: float = 120.0) -> Mode:
     """Ask the engine at ``url`` (two one-token completions) which mode it runs."""
     base = url.rstrip("/")
     try:
