@@ -6,10 +6,13 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rollyard.core import DataError, Outcome
 from rollyard.rl.advantages import (
     AdvantageConfig,
+    advantage_bound,
     build_samples,
     chunk_advantages,
     group_samples,
@@ -146,3 +149,50 @@ def test_chunk_returns_discount_the_per_chunk_rewards(make_traj: Any) -> None:
     final, _ = chunk_advantages([win, lose], [1.0, 0.0], turn_rewards=[[0, 0, 1.0], [0.0]], gamma=0.5)
     plain, _ = chunk_advantages([win, lose], [1.0, 0.0], gamma=0.5)
     assert final == [pytest.approx(a) for a in plain]
+
+
+def test_near_equal_rewards_give_chunk_advantages_on_the_grpo_scale(make_traj: Any) -> None:
+    # the audit's group: totals -0.18762 and -0.18738 (std 1.2e-4), per-chunk rewards ~0.1
+    a = make_traj([[1], [2], [3]], tool_calls={0: [("bash", "a")], 1: [("bash", "b")]})
+    b = make_traj([[4], [5]], tool_calls={0: [("bash", "c")]})
+    per_turn = [[0.1, -0.2, -0.08762], [-0.1, -0.08738]]
+    advs, _ = chunk_advantages([a, b], [-0.18762, -0.18738], turn_rewards=per_turn, gamma=0.9)
+    flat = [x for row in advs for x in row]
+    assert max(abs(x) for x in flat) <= advantage_bound(2) == 2.0
+    assert max(abs(x) for x in flat) == pytest.approx(2.0)  # the divisor is max|c| / B here
+    assert grpo_advantages([-0.18762, -0.18738]) == pytest.approx([-1.0, 1.0])
+
+
+_REWARDS = st.one_of(
+    st.floats(-10, 10),
+    st.floats(-0.2, -0.18).map(lambda x: round(x, 5)),  # near-equal, as in the audit
+    st.sampled_from([0.0, 1.0]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.lists(_REWARDS, min_size=1, max_size=4), min_size=2, max_size=6),
+    st.floats(0.0, 1.0),
+    st.booleans(),
+    st.booleans(),
+)
+def test_advantages_stay_within_the_stated_bound_at_every_level(
+    make_traj: Any, turn_rewards: list[list[float]], gamma: float, loo: bool, per_turn: bool
+) -> None:
+    n = len(turn_rewards)
+    bound = advantage_bound(n) * (1 + 1e-9)
+    totals = [sum(r) for r in turn_rewards]
+    assert all(abs(x) <= bound for x in grpo_advantages(totals, leave_one_out=loo))
+    rtg = turn_advantages(turn_rewards, gamma=gamma, leave_one_out=loo)
+    assert all(abs(x) <= bound for row in rtg for x in row)
+    trajs = [
+        make_traj(
+            [[1 + k] for k in range(len(r))], tool_calls={k: [("bash", "x")] for k in range(len(r) - 1)}
+        )
+        for r in turn_rewards
+    ]
+    advs, _ = chunk_advantages(
+        trajs, totals, turn_rewards=turn_rewards if per_turn else None, gamma=gamma, leave_one_out=loo
+    )
+    assert all(abs(x) <= bound for row in advs for x in row)

@@ -34,6 +34,13 @@ def serve(
         help="speculative drafting METHOD[:K]: grouped_suffix (a suffix index per RL group), "
         "solo_suffix, ngram or none; K tokens at most per step (default 4)",
     ),
+    logprobs_mode: str = typer.Option(
+        "processed_logprobs",
+        "--logprobs-mode",
+        help="what the recorded logprobs describe: processed_logprobs (the sampled distribution, "
+        "what the trainer's ratios need; a run refuses an attached engine without it) or "
+        "raw_logprobs (vLLM's default: the model at T=1)",
+    ),
 ) -> None:
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
     from pydantic import ValidationError
@@ -42,6 +49,8 @@ def serve(
     from rollyard.engines.drafting import DraftingConfig
     from rollyard.engines.launcher import VLLMServer
 
+    if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
+        raise ConfigError(f"--logprobs-mode {logprobs_mode!r}: processed_logprobs or raw_logprobs")
     try:
         draft = DraftingConfig.parse(drafting)
     except ValidationError as e:
@@ -49,6 +58,7 @@ def serve(
     server = VLLMServer(
         model, port=port, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
         log_path=log_file, startup_timeout_s=timeout, drafting=draft,
+        extra_args=["--logprobs-mode", logprobs_mode],
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)
     with server:

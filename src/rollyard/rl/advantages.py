@@ -10,9 +10,19 @@ Three estimators, all critic-free and relative to the group:
   return is the discounted sum of the per-chunk rewards from it on, centred by the GRPO
   baseline discounted to it (with a final reward only: gamma^(K-1-k) times the GRPO advantage).
 
+Scale (``normalize_std``): GRPO divides by the population std s of the rewards. Per-turn and
+per-chunk values are centred returns c, which can differ from one another far more than the
+total rewards do (two rewards 2.4e-4 apart, with per-chunk rewards of 0.1, would give c / s in
+the hundreds), so they are divided by max(s, max|c| / B) with B = n / sqrt(n - 1), n the group
+size. Bound, for any rewards and n >= 2: every advantage satisfies |A| <= B at every level
+(GRPO's own z-scores obey it: |x - mean| <= sqrt(n - 1) s, and leave-one-out centring multiplies
+by n / (n - 1)); with a final reward only (c = gamma^k (R - b)) the divisor is s, so the
+documented equalities with GRPO hold. ``normalize_std: false`` (Dr. GRPO) leaves advantages in
+reward units.
+
 Documented rules for degenerate groups: a group of one has no baseline to compare with and
-gets advantage 0; when all returns are equal (std below ``eps``) advantages are the centred
-values, all 0, and are not divided.
+gets advantage 0; when the divisor is below ``eps`` (all returns equal) advantages are the
+centred values, all below B * eps (so within B for eps <= 1), and are not divided.
 """
 
 from __future__ import annotations
@@ -77,6 +87,22 @@ def grpo_advantages(
     return centred if std < eps else [c / std for c in centred]
 
 
+def advantage_bound(n: int) -> float:
+    """B = n / sqrt(n - 1): no advantage of a group of n >= 2 exceeds it in magnitude (module doc)."""
+    return n / math.sqrt(n - 1) if n > 1 else 0.0
+
+
+def _divisor(
+    std: float, centred: Sequence[Sequence[float]], n: int, normalize_std: bool, eps: float
+) -> float:
+    """max(std, max|c| / B), or 1 when not normalising or below ``eps`` (module doc)."""
+    if not normalize_std:
+        return 1.0
+    peak = max((abs(c) for row in centred for c in row), default=0.0)
+    scale = max(std, peak / advantage_bound(n))
+    return scale if scale >= eps else 1.0
+
+
 def turn_advantages(
     turn_rewards: Sequence[Sequence[float]],
     *,
@@ -85,8 +111,9 @@ def turn_advantages(
     leave_one_out: bool = False,
     eps: float = 1e-6,
 ) -> list[list[float]]:
-    """Per-turn reward-to-go advantages: A_{i,t} = (G_{i,t} - b_i) / s, with b and s taken from
-    the full returns G_{i,0}. With gamma = 1 and only a final reward this is GRPO per turn."""
+    """Per-turn reward-to-go advantages: A_{i,t} = (G_{i,t} - b_i) / s, with b taken from
+    the full returns G_{i,0} and s the bounded divisor of the module doc (|A| <= n / sqrt(n - 1)).
+    With gamma = 1 and only a final reward this is GRPO per turn."""
     if len(turn_rewards) == 0:
         raise DataError("empty group: no turn rewards")
     returns = [reward_to_go(r, gamma) for r in turn_rewards]
@@ -95,13 +122,12 @@ def turn_advantages(
     if n == 1:
         return [[0.0] * len(g) for g in returns]
     mean = statistics.fmean(totals)
-    std = statistics.pstdev(totals)
-    scale = std if normalize_std and std >= eps else 1.0
-    out = []
+    centred = []
     for i, g in enumerate(returns):
         base = (sum(totals) - totals[i]) / (n - 1) if leave_one_out else mean
-        out.append([(x - base) / scale for x in g])
-    return out
+        centred.append([x - base for x in g])
+    scale = _divisor(statistics.pstdev(totals), centred, n, normalize_std, eps)
+    return [[c / scale for c in row] for row in centred]
 
 
 def turn_chunks(trajectory: Trajectory) -> list[int]:
@@ -131,17 +157,17 @@ def chunk_advantages(
     Chunk k's return is the discounted sum of the per-chunk rewards from k on (a chunk's reward
     is the sum of its turns' ``turn_rewards``; without them, the whole reward sits on the last
     chunk, so G_k = gamma^(chunks to end) * R). The advantage is (G_k - gamma^(chunks to end) *
-    b) / s, with the baseline b and scale s of GRPO over the trajectories' total ``rewards``:
-    with a final reward only this is gamma^(chunks to end) times the GRPO advantage."""
+    b) / s, with the baseline b of GRPO over the trajectories' total ``rewards`` and s the bounded
+    divisor of the module doc: with a final reward only this is gamma^(chunks to end) times the
+    GRPO advantage."""
     n = len(trajectories)
     if len(rewards) != n or (turn_rewards is not None and len(turn_rewards) != n):
         raise DataError(f"{n} trajectories but {len(rewards)} rewards")
     if not 0.0 <= gamma <= 1.0:
         raise DataError(f"discount gamma must be in [0, 1], got {gamma}")
     r = _check(rewards, "rewards")
-    mean, std = statistics.fmean(r), statistics.pstdev(r)
-    scale = std if normalize_std and std >= eps else 1.0
-    advs, chunks = [], []
+    mean = statistics.fmean(r)
+    centred, chunks = [], []
     for i, t in enumerate(trajectories):
         ids = turn_chunks(t)
         k_count = (ids[-1] + 1) if ids else 1
@@ -156,11 +182,12 @@ def chunk_advantages(
         returns = reward_to_go(per_chunk, gamma)
         base = (sum(r) - r[i]) / (n - 1) if leave_one_out and n > 1 else mean
         if n == 1:
-            advs.append([0.0] * len(ids))
+            centred.append([0.0] * len(ids))
         else:
-            advs.append([(returns[k] - gamma ** (k_count - 1 - k) * base) / scale for k in ids])
+            centred.append([returns[k] - gamma ** (k_count - 1 - k) * base for k in ids])
         chunks.append(ids)
-    return advs, chunks
+    scale = _divisor(statistics.pstdev(r), centred, n, normalize_std, eps)
+    return [[c / scale for c in row] for row in centred], chunks
 
 
 def build_samples(

@@ -7,7 +7,7 @@ the tensor, so a loss never turns it into a silent NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import torch
@@ -27,7 +27,13 @@ class Aggregation(StrEnum):
 
 @dataclass(frozen=True)
 class Flat:
-    """Validated inputs, flattened to ``[T]``, with masked-out positions zeroed."""
+    """Validated inputs, flattened to ``[T]``, with masked-out positions zeroed.
+
+    ``mask`` is what trains; ``norm`` is the mask the normalisers count (the trained tokens
+    before any correction or mismatch mask dropped some). A dropped token counts as a
+    zero-loss token, so a mask computed from the policy never changes any denominator and the
+    loss of a batch is the sum of its parts' losses however the batch is split.
+    """
 
     logprobs: torch.Tensor
     old: torch.Tensor
@@ -35,6 +41,11 @@ class Flat:
     mask: torch.Tensor  # float 0/1
     seq: torch.Tensor  # long, dense 0..S-1
     num_seqs: int
+    norm: torch.Tensor  # float 0/1, covers mask
+
+    def masked(self, keep: torch.Tensor) -> Flat:
+        """The same inputs with the tokens where ``keep`` is False left out; normalisers kept."""
+        return replace(self, mask=self.mask * keep.to(self.mask.dtype))
 
     @property
     def tokens(self) -> int:
@@ -52,9 +63,12 @@ def flatten_inputs(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     seq_ids: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
     **extra: torch.Tensor | None,
 ) -> tuple[Flat, dict[str, torch.Tensor]]:
-    """Validate shapes and values; returns the flat view and the flattened ``extra`` tensors."""
+    """Validate shapes and values; returns the flat view and the flattened ``extra`` tensors.
+
+    ``norm_mask`` (default: ``mask``) is the mask the normalisers count; it must cover ``mask``."""
     named = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": advantages, "mask": mask}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
@@ -73,6 +87,12 @@ def flatten_inputs(
     if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
         raise DataError("mask must be boolean or 0/1")
     m = mask.bool()
+    if norm_mask is None:
+        norm = m
+    elif norm_mask.shape != shape or (m & ~norm_mask.bool()).any():
+        raise DataError("norm_mask must have the shape of mask and cover every trained token")
+    else:
+        norm = norm_mask.bool()
     if seq_ids is None:
         seq_ids = (
             torch.arange(shape[0], device=logprobs.device).unsqueeze(1).expand(shape)
@@ -100,6 +120,7 @@ def flatten_inputs(
         mask=m.to(logprobs.dtype),
         seq=inverse,
         num_seqs=int(seq.numel()),
+        norm=norm.reshape(-1).to(logprobs.dtype),
     )
     return flat, {k: clean(v) for k, v in present.items()}
 
@@ -115,17 +136,20 @@ def aggregate(
     aggregation: Aggregation | str,
     norm_const: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss to a scalar over trained tokens, as configured."""
+    """Reduce a per-token loss to a scalar over trained tokens, as configured.
+
+    Denominators count ``flat.norm`` (fixed before masking): token-mean divides by its tokens,
+    seq-mean averages over its sequences each one's sum divided by its own ``norm`` count."""
     agg = Aggregation(aggregation)
     masked = per_token * flat.mask
     if agg == Aggregation.TOKEN_MEAN:
-        return masked.sum() / flat.mask.sum().clamp(min=1.0)
+        return masked.sum() / flat.norm.sum().clamp(min=1.0)
     if agg == Aggregation.TOKEN_SUM_NORM:
         if norm_const is None or not norm_const > 0:
             raise DataError("token-sum-norm aggregation needs norm_const > 0")
         return masked.sum() / norm_const
     sums = group_sum(masked, flat.seq, flat.num_seqs)
-    counts = group_sum(flat.mask, flat.seq, flat.num_seqs)
+    counts = group_sum(flat.norm, flat.seq, flat.num_seqs)
     live = counts > 0
     if not live.any():
         return masked.sum()

@@ -1,7 +1,10 @@
 """Policy-gradient losses over per-token tensors: PPO-clip, GSPO, IPA chunk-level and CISPO.
 
 Every loss takes new logprobs (with grad), old/behaviour logprobs, advantages and a mask,
-all ``[T]`` (with ``seq_ids``) or ``[B, T]``; it returns ``(loss, metrics)`` where metrics
+all ``[T]`` (with ``seq_ids``) or ``[B, T]``, and optionally ``token_weights`` (detached
+per-token multipliers of the policy term: an off-policy correction's weights) and ``norm_mask``
+(the mask the normalisers count, default ``mask``: see ``loss_inputs.Flat``); it returns
+``(loss, metrics)`` where metrics
 holds plain floats: ``clip_frac``, ``approx_kl`` (k3 estimate of KL(old || new)), ratio
 mean/min/max, ``tokens`` and, with a reference, ``kl_ref``. A batch with no trained token
 returns a zero loss still attached to the graph and ``tokens == 0``.
@@ -49,12 +52,15 @@ def _finish(
     active: torch.Tensor,
     aggregation: Aggregation | str,
     norm_const: float | None,
-    ref: torch.Tensor | None,
+    extra: dict[str, torch.Tensor],
     kl_coef: float,
 ) -> tuple[torch.Tensor, Metrics]:
-    """Aggregate, add the reference KL, and gather the metrics every loss reports."""
+    """Weight, aggregate, add the reference KL, and gather the metrics every loss reports."""
     if kl_coef < 0:
         raise DataError(f"kl_coef must be >= 0, got {kl_coef}")
+    ref = extra.get("ref")
+    if "weights" in extra:
+        per_token = per_token * extra["weights"].detach()
     pg = aggregate(per_token, flat, aggregation, norm_const)
     loss = pg
     ratio = torch.exp(log_ratio.detach())
@@ -93,13 +99,17 @@ def ppo_clip_loss(
     norm_const: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Token-level PPO-clip (GRPO): ratio per token, clipped to [1-low, 1+high]."""
     _check_clip(clip_low, clip_high)
-    flat, extra = flatten_inputs(logprobs, old_logprobs, advantages, mask, seq_ids, ref=ref_logprobs)
+    flat, extra = flatten_inputs(
+        logprobs, old_logprobs, advantages, mask, seq_ids, norm_mask, ref=ref_logprobs, weights=token_weights
+    )
     log_ratio = (flat.logprobs - flat.old).clamp(max=MAX_LOG_RATIO)
     per_token, active = _clipped_surrogate(torch.exp(log_ratio), flat.adv, clip_low, clip_high)
-    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra.get("ref"), kl_coef)
+    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra, kl_coef)
 
 
 def _grouped_ratio(flat: Flat, group: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,6 +140,8 @@ def gspo_loss(
     norm_const: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Sequence-level GSPO: one geometric-mean ratio per sequence, clipped, times advantage.
 
@@ -137,10 +149,12 @@ def gspo_loss(
     ``seq-mean`` aggregation and a constant advantage per sequence it equals sequence GSPO.
     """
     _check_clip(clip_low, clip_high)
-    flat, extra = flatten_inputs(logprobs, old_logprobs, advantages, mask, seq_ids, ref=ref_logprobs)
+    flat, extra = flatten_inputs(
+        logprobs, old_logprobs, advantages, mask, seq_ids, norm_mask, ref=ref_logprobs, weights=token_weights
+    )
     ratio, log_ratio = _grouped_ratio(flat, flat.seq, flat.num_seqs)
     per_token, active = _clipped_surrogate(ratio, flat.adv, clip_low, clip_high)
-    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra.get("ref"), kl_coef)
+    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra, kl_coef)
 
 
 def ipa_chunk_loss(
@@ -159,6 +173,8 @@ def ipa_chunk_loss(
     norm_const: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Chunk-level IPA: a geometric-mean ratio per (sequence, chunk).
 
@@ -176,9 +192,11 @@ def ipa_chunk_loss(
         advantages,
         mask,
         seq_ids,
+        norm_mask,
         chunks=chunk_ids,
         infer=infer_logprobs,
         ref=ref_logprobs,
+        weights=token_weights,
     )
     chunks = extra["chunks"]
     if chunks.is_floating_point():
@@ -204,19 +222,10 @@ def ipa_chunk_loss(
         if mismatch_bound is not None:
             bad = (gap.abs() / counts.clamp(min=1.0) > mismatch_bound) & live
             mismatch["chunk_mask_frac"] = float(bad.sum()) / max(1, int(live.sum()))
-            flat = Flat(
-                logprobs=flat.logprobs,
-                old=flat.old,
-                adv=flat.adv,
-                mask=flat.mask * (~bad[group]).to(flat.mask.dtype),
-                seq=flat.seq,
-                num_seqs=flat.num_seqs,
-            )
+            flat = flat.masked(~bad[group])  # normalisers unchanged: see loss_inputs.Flat
     ratio, log_ratio = _grouped_ratio(flat, group, n)
     per_token, active = _clipped_surrogate(ratio, flat.adv, clip_low, clip_high)
-    loss, metrics = _finish(
-        per_token, flat, log_ratio, active, aggregation, norm_const, extra.get("ref"), kl_coef
-    )
+    loss, metrics = _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra, kl_coef)
     metrics["chunks"] = float(live_chunks)
     metrics["chunk_mask_frac"] = 0.0
     metrics.update(mismatch)
@@ -236,17 +245,21 @@ def cispo_loss(
     norm_const: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
+    norm_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO: -sg[clip(ratio)] * A * logp. Every token keeps a gradient; only its weight is capped.
 
     ``clip_low=None`` leaves the weight unbounded below (it is >= 0 anyway).
     """
     _check_clip(clip_low, clip_high)
-    flat, extra = flatten_inputs(logprobs, old_logprobs, advantages, mask, seq_ids, ref=ref_logprobs)
+    flat, extra = flatten_inputs(
+        logprobs, old_logprobs, advantages, mask, seq_ids, norm_mask, ref=ref_logprobs, weights=token_weights
+    )
     log_ratio = (flat.logprobs - flat.old).clamp(max=MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio.detach())
     lo = 0.0 if clip_low is None else 1.0 - clip_low
     weight = ratio.clamp(min=lo, max=1.0 + clip_high)
     per_token = -(weight * flat.adv * flat.logprobs)
     active = (ratio > 1.0 + clip_high) | (ratio < lo)
-    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra.get("ref"), kl_coef)
+    return _finish(per_token, flat, log_ratio, active, aggregation, norm_const, extra, kl_coef)

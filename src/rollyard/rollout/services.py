@@ -27,6 +27,7 @@ from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
 from rollyard.core.net import WILDCARDS, advertised_url, free_port
+from rollyard.engines import logprob_mode
 from rollyard.engines.base import EngineStats
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
@@ -137,6 +138,19 @@ def kill_servers(servers: list[VLLMServer]) -> None:
         s.kill(wait=False)
 
 
+def check_logprob_mode(url: str) -> None:
+    """Refuse an attached engine whose logprobs are the raw model's (started without
+    ``--logprobs-mode processed_logprobs``); warn when the probe cannot tell."""
+    mode = logprob_mode.probe(url)
+    if mode == "raw_logprobs":
+        raise EngineStartError(
+            f"engine at {url} records raw-model logprobs, not the sampled distribution's: start it "
+            "with --logprobs-mode processed_logprobs (rollyard engine serve does by default)"
+        )
+    if mode != logprob_mode.PROCESSED:
+        log.warning("engine at %s: could not tell its logprob mode; the trainer assumes processed", url)
+
+
 def start_engines(
     cfg: Config,
     run_dir: Path,
@@ -154,6 +168,8 @@ def start_engines(
     try:
         if cfg.engine.urls:
             urls = list(cfg.engine.urls)
+            for url in urls:
+                check_logprob_mode(url)
         else:
             urls = []
             for i in range(cfg.engine.count):

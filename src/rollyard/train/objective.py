@@ -3,6 +3,9 @@
 A batch is split into micro-batches by token budget, so each micro-batch's loss is weighted by
 its share of the batch (trained tokens for token-mean, live sequences for seq-mean) and the sum
 over micro-batches (and over data-parallel ranks) equals the loss of the whole batch at once.
+Shares count the samples' loss masks as recorded, fixed before the step; a token that a mask
+computed during the step drops (IPA's mismatch mask, an off-policy correction) counts as a
+zero-loss token, so no such mask can make the result depend on the split.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollyard.core.errors import ConfigError
 from rollyard.core.sample import Sample
 from rollyard.rl import losses
+from rollyard.rl.corrections import WEIGHT_KINDS, CorrectionKind, off_policy_correction
 from rollyard.rl.loss_inputs import Aggregation
 
 LossKind = Literal["ppo", "gspo", "ipa", "cispo", "sft"]
@@ -48,6 +52,40 @@ class LossConfig(BaseModel):
             raise ConfigError(f"unknown aggregation {self.aggregation!r}") from e
 
 
+# Default bounds on rho_t (icepop: IcePop's alpha, beta) or the geometric-mean ratio (geo_mask).
+_DEFAULT_BOUNDS = {CorrectionKind.ICEPOP: (0.5, 5.0), CorrectionKind.GEO_MASK: (0.9, 1.1)}
+
+
+class CorrectionConfig(BaseModel):
+    """``trainer.correction``: the off-policy correction (rollyard.rl.corrections, docs/training.md).
+
+    ``clip`` is C of the TIS/MIS kinds; ``low``/``high`` bound rho_t (icepop) or the sequence's
+    geometric-mean ratio (geo_mask), defaulting to (0.5, 5) and (0.9, 1.1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: CorrectionKind = CorrectionKind.NONE
+    clip: float = Field(default=2.0, gt=0)
+    low: float | None = Field(default=None, ge=0)
+    high: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> CorrectionConfig:
+        low, high = self.bounds()
+        if not low < high:
+            raise ValueError(f"correction needs low < high, got {low}, {high}")
+        return self
+
+    def bounds(self) -> tuple[float, float]:
+        low, high = _DEFAULT_BOUNDS.get(self.kind, (0.5, 5.0))
+        return (low if self.low is None else self.low, high if self.high is None else self.high)
+
+    def check(self, decoupled: bool) -> None:
+        """The weight kinds multiply by pi_prox/mu, which only the decoupled loss leaves out of its ratio."""
+        if self.kind in WEIGHT_KINDS and not decoupled:
+            raise ConfigError(f"trainer.correction.kind {self.kind.value} needs trainer.decoupled: true")
+
+
 @dataclass(frozen=True)
 class BatchTotals:
     """Normalisers of the whole (global) batch, so micro-batch losses add up to the batch loss."""
@@ -76,8 +114,16 @@ def micro_batch_loss(
     logprobs: Sequence[torch.Tensor],
     samples: Sequence[Sample],
     totals: BatchTotals,
+    correction: CorrectionConfig | None = None,
+    decoupled: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted loss of one micro-batch's samples, given their per-token logprobs (t=0 entry unused)."""
+    """Weighted loss of one micro-batch's samples, given their per-token logprobs (t=0 entry unused).
+
+    The behaviour policy mu is the recorded logprobs; the proximal one is ``logprobs`` detached
+    (this forward pass runs before the step's single optimizer update). ``decoupled``: the loss's
+    ratio is against the proximal policy and the correction weights by pi_prox / mu; otherwise the
+    ratio is against mu and the correction only masks (IPA's ratio is against the proximal policy
+    either way, its mismatch mask measuring mu)."""
     device = logprobs[0].device
     lp = torch.cat(list(logprobs))
     mask = torch.cat([torch.tensor(s.loss_mask, dtype=lp.dtype) for s in samples]).to(device)
@@ -93,6 +139,24 @@ def micro_batch_loss(
     kwargs: dict[str, Any] = dict(config.options)
     kwargs["seq_ids"] = seq.to(device)
     kwargs["aggregation"] = agg
+    correction = correction or CorrectionConfig()
+    correction.check(decoupled)
+    prox = lp.detach()
+    low, high = correction.bounds()
+    fix = off_policy_correction(
+        correction.kind,
+        prox - old,
+        mask,
+        kwargs["seq_ids"],
+        len(samples),
+        decoupled=decoupled,
+        clip=correction.clip,
+        low=low,
+        high=high,
+    )
+    kwargs["token_weights"] = fix.weight
+    kwargs["norm_mask"] = mask
+    trained = mask * fix.keep.to(mask.dtype)
     if config.kind == "ipa":
         if any(s.chunk_ids is None for s in samples):
             raise ConfigError("the ipa loss needs chunk_ids on every sample")
@@ -101,8 +165,9 @@ def micro_batch_loss(
         # the step); inference side: what the engine recorded. Their per-chunk gap is measured,
         # and masked beyond ``options.mismatch_bound``.
         loss, metrics = losses.ipa_chunk_loss(
-            lp, lp.detach(), adv, mask, chunks.to(device), infer_logprobs=old, **kwargs
+            lp, prox, adv, trained, chunks.to(device), infer_logprobs=old, **kwargs
         )
     else:
-        loss, metrics = _LOSSES[config.kind](lp, old, adv, mask, **kwargs)
+        loss, metrics = _LOSSES[config.kind](lp, prox if decoupled else old, adv, trained, **kwargs)
+    metrics.update(fix.metrics)
     return loss * weight, metrics

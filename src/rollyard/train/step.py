@@ -15,7 +15,7 @@ import torch
 from rollyard.core.errors import TrainError
 from rollyard.core.sample import Sample
 from rollyard.train.attention import attention_inputs, forward_logits, sample_logprobs
-from rollyard.train.objective import BatchTotals, LossConfig, micro_batch_loss
+from rollyard.train.objective import BatchTotals, CorrectionConfig, LossConfig, micro_batch_loss
 from rollyard.train.packing import PackedBatch
 
 
@@ -43,11 +43,14 @@ def forward_backward(
     backward: bool = True,
     keep_logprobs: bool = False,
     temperature: float = 1.0,
+    correction: CorrectionConfig | None = None,
+    decoupled: bool = False,
 ) -> StepResult:
     """Run every micro-batch; ``totals`` defaults to this batch's (pass the global one under DP).
 
     ``temperature``: the sampling temperature of the behaviour tokens; logits are divided by it,
-    so the trained distribution is the one that was sampled (and matches recorded logprobs)."""
+    so the trained distribution is the one that was sampled (and matches recorded logprobs).
+    ``correction``, ``decoupled``: the off-policy correction (``objective.micro_batch_loss``)."""
     totals = totals or BatchTotals.of(samples)
     result = StepResult()
     weighted: dict[str, float] = {}
@@ -70,7 +73,7 @@ def forward_backward(
             loss, metrics = nan, {}
         else:
             try:
-                loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals)
+                loss, metrics = micro_batch_loss(loss_config, lps, mb_samples, totals, correction, decoupled)
             except TrainError:  # the rl losses refuse a non-finite loss; the step gets skipped
                 loss, metrics = nan, {}
         t3 = clock()

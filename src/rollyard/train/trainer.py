@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.errors import ConfigError, DataError
@@ -21,12 +21,15 @@ from rollyard.core.sample import Sample
 from rollyard.train.attention import choose_attention, set_attention
 from rollyard.train.checkpoint import load_checkpoint, save_checkpoint
 from rollyard.train.distributed import DataParallel
-from rollyard.train.objective import BatchTotals, LossConfig
+from rollyard.train.objective import BatchTotals, CorrectionConfig, LossConfig
 from rollyard.train.packing import pack_samples
 from rollyard.train.step import StepResult, forward_backward
 
 # Reported per step with the ipa loss: train/inference mismatch per chunk, and how much was masked.
 IPA_METRICS = ("chunk_mask_frac", "mismatch_mean", "mismatch_p90", "mismatch_max")
+# Reported per step with every policy loss: quantiles of rho = pi_prox/mu over trained tokens
+# (token-weighted means of the micro-batches' quantiles) and the shares the correction acted on.
+CORRECTION_METRICS = ("is_ratio_p10", "is_ratio_p50", "is_ratio_p90", "is_masked_frac", "is_truncated_frac")
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +47,20 @@ class TrainConfig(BaseModel):
     merge: bool = True  # prefix-tree merging; False trains every sample on its own
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)  # off-policy correction
+    decoupled: bool = False  # ratio against the proximal policy, behaviour corrected by pi_prox/mu
     temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
     # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
     # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
     train_layers: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _correction_fits(self) -> TrainConfig:
+        try:
+            self.correction.check(self.decoupled)
+        except ConfigError as e:
+            raise ValueError(str(e)) from e
+        return self
 
 
 def freeze_below(model: torch.nn.Module, n: int) -> None:
@@ -130,6 +143,8 @@ class Trainer:
                 self.impl,
                 totals=totals,
                 temperature=self.config.temperature,
+                correction=self.config.correction,
+                decoupled=self.config.decoupled,
             )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
         self.parallel.sum_grads(self.params)
@@ -137,6 +152,8 @@ class Trainer:
         keys = ("entropy", "clip_frac", "approx_kl", "kl_ref")
         if self.config.loss.kind == "ipa":
             keys += IPA_METRICS
+        if self.config.loss.kind != "sft":
+            keys += CORRECTION_METRICS
         sums = self.parallel.sum_floats(
             [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged)]
             + [res.metrics.get(k, 0.0) * weight for k in keys]

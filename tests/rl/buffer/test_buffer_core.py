@@ -63,6 +63,25 @@ def test_window_fraction_is_a_share_of_live_units() -> None:
     assert _ids(buf.release(0, 10)) == ["t2"]  # W = 3 of 10 live
 
 
+def test_window_fraction_is_fixed_while_its_head_stays() -> None:
+    buf = WindowedFifo(BufferConfig(window_fraction=0.5))
+    _fill(buf, 4)
+    assert buf.release(0, 1).items == []  # the first look at head 0 fixes W = ceil(0.5 * 4) = 2
+    assert buf.window_bounds() == (0, 1)
+    for i in range(4, 10):
+        buf.submit(f"t{i}")
+    buf.complete("t1")
+    buf.complete("t2")
+    assert buf.window_bounds() == (0, 1)  # six more live units did not widen it
+    assert _ids(buf.release(0, 10)) == ["t1"]
+    assert buf.window_bounds() == (0, 1)  # a release behind the head does not narrow it
+    buf.complete("t0")
+    assert _ids(buf.release(0, 1)) == ["t0"]
+    assert buf.window_bounds() == (2, 2 + 4 - 1)  # new head 2, 8 live: W would be 4
+    buf.complete("t5")
+    assert _ids(buf.release(0, 5)) == ["t2", "t5"]  # head 2: W = 4; then head 3: W = 4 of 7
+
+
 def test_strict_fifo_releases_only_the_head() -> None:
     buf = WindowedFifo(BufferConfig(rule=ReleaseRule.FIFO))
     _fill(buf, 3)

@@ -68,6 +68,7 @@ class Model:
     submitted: list[str] = field(default_factory=list)
     out: list[str] = field(default_factory=list)  # released or dropped, in order
     released_units: list[int] = field(default_factory=list)
+    window: tuple[int, int | None] | None = None  # (head, W) fixed by the release that first saw the head
 
     def unit_done(self, u: int) -> bool:
         return all(m in self.done or m in self.discarded for m in self.units[u])
@@ -125,12 +126,18 @@ def _release_one(buf: WindowedFifo, m: Model) -> None:
     ready = [u for u in live if m.unit_done(u) and not any(x in m.discarded for x in m.units[u])]
     if cfg.max_staleness is not None and cfg.stale_action == StaleAction.DROP:
         ready = [u for u in ready if m.version - m.unit_version(u) <= cfg.max_staleness]
-    w = cfg.window_size(len(live))
-    allowed = ready if w is None else [u for u in ready if u <= live[0] + w - 1]
+    if live and m.window is not None and m.window[0] == live[0]:
+        w_lo = w_hi = m.window[1]  # fixed by an earlier release, kept while the head stays
+    elif not dropped_units:
+        w_lo = w_hi = cfg.window_size(len(live))  # fixed now, from the live count
+    else:  # fixed during the drops, at a live count between these two
+        w_lo, w_hi = cfg.window_size(len(live)), cfg.window_size(len(live) + len(dropped_units))
+    allowed = [u for u in ready if w_hi is None or u <= live[0] + w_hi - 1]
+    surely = [u for u in ready if w_lo is None or u <= live[0] + w_lo - 1]
     picked = sorted({m.unit_of[r.item_id] for r in out.items})
     assert len(picked) <= 1
     if not picked:
-        assert allowed == []  # never blocked while something is allowed
+        assert surely == []  # never blocked while something is allowed
     else:
         u = picked[0]
         assert u in allowed  # the window (or FIFO head) is never violated
@@ -155,10 +162,22 @@ def _release_one(buf: WindowedFifo, m: Model) -> None:
     if m.units:
         # the head moves only when the old head left
         assert head_after is not None and head_after[0] == min(m.units)
+        if picked and picked[0] == live[0]:
+            m.window = None  # the head left; no release has looked at the new one yet
+        elif live:  # this release fixed (or kept) the head's W
+            w = None if head_after[1] is None else head_after[1] - head_after[0] + 1
+            assert w is None or (w_lo is not None and w_hi is not None and w_lo <= w <= w_hi)
+            assert m.window is None or m.window[0] != live[0] or m.window[1] == w  # never moved
+            m.window = (head_after[0], w)
+    else:
+        m.window = None
 
 
 def _run(buf: WindowedFifo, m: Model, ops: list[tuple[str, int]]) -> None:
     for op, arg in ops:
+        if m.window is not None:  # nothing but the head leaving moves a fixed window
+            w = m.window[1]
+            assert buf.window_bounds() == (m.window[0], None if w is None else m.window[0] + w - 1)
         if op == "submit":
             _submit(buf, m, arg)
         elif op in ("complete", "discard"):

@@ -23,7 +23,9 @@ class BufferConfig(BaseModel):
     """Release rule of a buffer.
 
     ``window`` is W in units; ``window_fraction`` gives W = ceil(f * N) where N is the number
-    of live units (submitted and not yet released or dropped), at least 1. A *unit* is one
+    of live units (submitted and not yet released or dropped) when a release first looks at the
+    current head, at least 1; W then stays fixed until that head leaves, so the window moves
+    only then (new submissions and releases behind the head change neither end). A *unit* is one
     item, or one whole group when ``group_whole`` is set. A unit whose policy version lags
     the trainer's by more than ``max_staleness`` is dropped, or released with weight
     ``stale_decay ** (lag - max_staleness)``.

@@ -73,7 +73,9 @@ class WindowedFifo:
     """Release rules over a queue of rollouts: windowed FIFO, strict FIFO, freshest-first.
 
     The head is the oldest unit not yet taken; the window is the W unit indices starting at
-    the head, holes included, so it moves only when the head leaves.
+    the head, holes included, so it moves only when the head leaves. W is fixed the first time
+    a release looks at a new head (``window_fraction``: from the live count then) and kept until
+    that head leaves, so neither new submissions nor releases behind the head move the window.
     """
 
     def __init__(self, config: BufferConfig, clock: Clock | None = None) -> None:
@@ -82,6 +84,7 @@ class WindowedFifo:
         self._entries: dict[str, _Entry] = {}
         self._units: dict[str, _Unit] = {}
         self._order: list[int] = []  # live unit indices, sorted
+        self._window: tuple[int, int | None] | None = None  # (head, W) fixed when the head arrived
         self._by_index: dict[int, str] = {}
         self._next_item = 0
         self._next_unit = 0
@@ -214,14 +217,24 @@ class WindowedFifo:
         return Release(items=items, dropped=dropped)
 
     def window_bounds(self) -> tuple[int, int | None] | None:
-        """(head, last index allowed) in unit indices, None when empty; last None = unbounded."""
+        """(head, last index allowed) in unit indices, None when empty; last None = unbounded.
+
+        For a head no release has looked at yet, the W it would be given now."""
         if not self._order:
             return None
         head = self._order[0]
-        w = self.config.window_size(len(self._order))
+        fixed = self._window is not None and self._window[0] == head
+        w = self._window[1] if fixed else self.config.window_size(len(self._order))  # type: ignore[index]
         return head, (None if w is None else head + w - 1)
 
+    def _fix_window(self) -> None:
+        """A release looks at the head: a new head's W is fixed now and kept until it leaves."""
+        bounds = self.window_bounds()
+        if bounds is not None and (self._window is None or self._window[0] != bounds[0]):
+            self._window = (bounds[0], None if bounds[1] is None else bounds[1] - bounds[0] + 1)
+
     def _candidates(self) -> list[_Unit]:
+        self._fix_window()
         bounds = self.window_bounds()
         if bounds is None:
             return []
@@ -301,6 +314,7 @@ class WindowedFifo:
             "next_done": self._next_done,
             "entries": [asdict(e) for e in sorted(self._entries.values(), key=lambda e: e.index)],
             "units": [asdict(self._units[self._by_index[i]]) for i in self._order],
+            "window": None if self._window is None else list(self._window),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -312,6 +326,10 @@ class WindowedFifo:
             entries = {e["item_id"]: _Entry(**copy.deepcopy(e)) for e in state["entries"]}
             units = {u["key"]: _Unit(**copy.deepcopy(u)) for u in state["units"]}
             counters = (int(state["next_item"]), int(state["next_unit"]), int(state["next_done"]))
+            window = state.get("window")  # absent in older checkpoints: fixed afresh below
+            window = (
+                None if window is None else (int(window[0]), None if window[1] is None else int(window[1]))
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed buffer state: {e}") from e
         members = sorted(m for u in units.values() for m in u.members)
@@ -325,3 +343,4 @@ class WindowedFifo:
         self._by_index = {u.index: u.key for u in units.values()}
         self._order = sorted(self._by_index)
         self._next_item, self._next_unit, self._next_done = counters
+        self._window = window
