@@ -45,6 +45,8 @@ class TrainConfig(BaseModel):
     attention: str = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
     temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
+    # LM-head rows per chunk in the loss (train.logprobs): the (L, V) logits are never held; 0 = off.
+    logits_chunk: int = Field(default=1024, ge=0)
     # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
     # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
     train_layers: int | None = Field(default=None, ge=1)
@@ -130,6 +132,7 @@ class Trainer:
                 self.impl,
                 totals=totals,
                 temperature=self.config.temperature,
+                logits_chunk=self.config.logits_chunk,
             )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
         self.parallel.sum_grads(self.params)
