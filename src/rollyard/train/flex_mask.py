@@ -54,13 +54,18 @@ def _ordered(table: np.ndarray, device: torch.device) -> tuple[torch.Tensor, tor
 
 def tree_block_mask(mb: MicroBatch, device: torch.device | str, block: int = BLOCK) -> Any:
     """The flex ``BlockMask`` of ``mb``'s ancestor mask (batch and heads broadcast)."""
+    return ranges_block_mask(mb.subtree_end, device, block)
+
+
+def ranges_block_mask(subtree_end: np.ndarray, device: torch.device | str, block: int = BLOCK) -> Any:
+    """The flex ``BlockMask`` of the DFS ranges ``subtree_end`` (one packed row)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     device = torch.device(device)
-    n = mb.num_tokens
-    partial, full = block_tables(mb.subtree_end, block)
+    n = int(subtree_end.shape[0])
+    partial, full = block_tables(subtree_end, block)
     padded = np.zeros(partial.shape[0] * block, dtype=np.int64)  # a padded key sees no query
-    padded[:n] = mb.subtree_end
+    padded[:n] = subtree_end
     end = torch.from_numpy(padded).to(device)
 
     def ancestor(b: Any, h: Any, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,7 @@ def chunked_logprobs(
     mb: MicroBatch,
     *,
     temperature: float = 1.0,
-    chunk: int = 1024,
+    chunk: int = 512,
     with_entropy: bool = True,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``sample_logprobs`` from the (L, H) final hidden states and the (V, H) head weight."""

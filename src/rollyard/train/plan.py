@@ -45,7 +45,7 @@ class PlanSetup:
     parallel: Literal["fsdp2", "replicate"] = "fsdp2"
     activation_checkpointing: bool = False
     token_budget: int = 8192
-    logits_chunk: int = 1024
+    logits_chunk: int = 512
     train_layers: int | None = None
     gpu_mem_gb: float = 80.0
     reserve_gb: float = 2.0

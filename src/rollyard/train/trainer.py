@@ -46,7 +46,7 @@ class TrainConfig(BaseModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
     # LM-head rows per chunk in the loss (train.logprobs): the (L, V) logits are never held; 0 = off.
-    logits_chunk: int = Field(default=1024, ge=0)
+    logits_chunk: int = Field(default=512, ge=0)
     # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
     # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
     train_layers: int | None = Field(default=None, ge=1)
