@@ -13,7 +13,8 @@
 - ``mask_build_s_32k``, ``mask_mb_32k``: the flex ``BlockMask`` of a 32,768-token forest (8 such
   groups) built from the DFS ranges: median wall time of 5 builds, and the RSS rise over its
   imports of a fresh process that loads only the ranges (packing happens in the parent).
-  Baseline beside it: ``create_block_mask`` (every (q, kv) pair evaluated) at 4,096 tokens; at 32k it took 38 s and 11.4 GB here, too much to rerun on a shared 24 GB host.
+  Baseline beside it: ``create_block_mask`` (every (q, kv) pair evaluated) at 4,096 tokens; at
+  32k it took 38 s and 11.4 GB here, too much to rerun on a shared 24 GB host.
 - ``plan_7b_headroom_gb``: ``rollyard plan``'s headroom for Qwen2.5-7B, bf16, FSDP2, activation
   checkpointing, 8 x 80 GB, the trainer's default token budget.
 """
