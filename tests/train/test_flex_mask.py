@@ -57,7 +57,9 @@ def test_range_built_block_mask_equals_create_block_mask(samples: list[Sample], 
     )
     mine = tree_block_mask(mb, "cpu", block)
     assert mine.shape == ref.shape and mine.BLOCK_SIZE == ref.BLOCK_SIZE
-    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+    pairs = [("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")]
+    pairs += [("q_num_blocks", "q_indices"), ("full_q_num_blocks", "full_q_indices")]  # for backward
+    for num, idx in pairs:
         counts = getattr(ref, num)
         assert torch.equal(getattr(mine, num), counts), num
         for row, c in enumerate(counts[0, 0].tolist()):  # past the count a row's indices are padding
