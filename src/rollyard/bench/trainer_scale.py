@@ -34,7 +34,7 @@ from typing import Any
 from rollyard.bench._report import loadavg, report
 
 VOCAB, HIDDEN = 49_152, 576  # SmolLM2-135M's head
-PROMPT, COMPLETIONS = 1024, 8  # one group: 1,024 + 8 x 384 = 4,096 tokens
+COMPLETIONS = 8  # one group of 4,096 tokens: a 1,024-token prompt + 8 x 384
 QUICK_SCALE = 4  # --quick: every length / 4
 
 
