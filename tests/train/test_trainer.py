@@ -75,7 +75,8 @@ def test_merged_and_unmerged_trainers_make_the_same_update(group: Callable[..., 
 def test_non_finite_loss_skips_the_step_and_keeps_weights(group: Callable[..., list[Sample]]) -> None:
     trainer = _trainer()
     before = _weights(trainer)
-    hook = trainer.model.lm_head.register_forward_hook(lambda mod, inp, out: out * float("nan"))
+    # NaN hidden states into the head: the chunked head (the default) and the full logits alike
+    hook = trainer.model.model.norm.register_forward_hook(lambda mod, inp, out: out * float("nan"))
     m = trainer.train_step(group(3))
     hook.remove()
     assert m["skipped"] == 1.0 and trainer.skipped == 1 and trainer.step == 0

@@ -22,7 +22,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # One line per area; each module adds its commands to ``app``.
-    from rollyard.cli import agents, bench, engine, gateway, model, run, sft, sim, tasks  # noqa: F401
+    from rollyard.cli import agents, bench, engine, gateway, model, plan, run, sft, sim, tasks  # noqa: F401
 
 
 def main() -> None:

@@ -19,7 +19,9 @@ from rollyard.engines.pretrained import PRETRAINED
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(bench_pkg.__path__) if not m.name.startswith("_"))
+    """Benchmark names: the modules of ``rollyard.bench``, ``_`` written ``-`` (``trainer-scale``)."""
+    mods = pkgutil.iter_modules(bench_pkg.__path__)
+    return sorted(m.name.replace("_", "-") for m in mods if not m.name.startswith("_"))
 
 
 @app.command("bench")
@@ -37,7 +39,7 @@ def bench(
             raise ConfigError(f"unknown benchmark {n!r}; available: {', '.join(available())}")
     if model != "tiny" and model not in PRETRAINED:
         raise ConfigError(f"unknown model {model!r}; choose tiny or one of: {', '.join(sorted(PRETRAINED))}")
-    modules = [importlib.import_module(f"rollyard.bench.{n}") for n in names]
+    modules = [importlib.import_module(f"rollyard.bench.{n.replace('-', '_')}") for n in names]
     takes_model = [m for m in modules if "model" in inspect.signature(m.main).parameters]
     if model != "tiny" and len(takes_model) < len(modules):
         fixed = ", ".join(m.__name__.rsplit(".", 1)[1] for m in modules if m not in takes_model)

@@ -4,12 +4,12 @@ from rollyard.train.attention import (
     ATTENTION_IMPLS,
     choose_attention,
     forward_logits,
-    sample_logprobs,
     set_attention,
     tree_mask,
 )
 from rollyard.train.checkpoint import load_checkpoint, save_checkpoint, save_weights
 from rollyard.train.distributed import DataParallel
+from rollyard.train.logprobs import sample_logprobs
 from rollyard.train.models import build_model, model_config_for, model_sizes
 from rollyard.train.objective import BatchTotals, LossConfig
 from rollyard.train.packing import MicroBatch, PackedBatch, pack_samples

@@ -8,8 +8,9 @@ which packed tokens a token sees: its ancestors and itself. Formats per implemen
 - ``sdpa``: dense bool mask (True = attend) into torch SDPA; on CPU the fused kernel keeps only
   the mask, not an (L, L) score matrix per head, so memory is O(L^2) bytes for the mask.
 - ``eager``: dense additive float mask (a cross-check; materialises scores).
-- ``flex_attention``: a FlexAttention ``BlockMask`` built from the DFS ranges, skipping empty
-  blocks. torch 2.13 has no FlexAttention backward on CPU, so ``auto`` picks it on CUDA only.
+- ``flex_attention``: a FlexAttention ``BlockMask`` built from the DFS ranges block by block
+  (``flex_mask``; no per-pair evaluation). torch 2.13 has no FlexAttention backward on CPU, so
+  ``auto`` picks it on CUDA only.
 
 A chain (one unbranched sample) gets no mask at all: plain causal attention, the baseline.
 The memory rule for long trees lives in packing (``max_tree_tokens``, ``token_budget``): samples are
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from rollyard.core.errors import ConfigError
 from rollyard.train.block_attention import IMPL_NAME as TREE_IMPL
 from rollyard.train.block_attention import make_plan, register
+from rollyard.train.flex_mask import tree_block_mask
 from rollyard.train.packing import MicroBatch
 
 ATTENTION_IMPLS = ("auto", TREE_IMPL, "sdpa", "eager", "flex_attention")
@@ -46,7 +47,7 @@ def tree_mask(mb: MicroBatch, impl: str, device: torch.device, dtype: torch.dtyp
     if mb.is_chain:
         return None
     if impl == "flex_attention":
-        return _block_mask(mb, device)
+        return tree_block_mask(mb, device)
     allowed = torch.from_numpy(mb.ancestor_mask()).to(device)[None, None]
     if impl == "sdpa":
         return allowed
@@ -54,18 +55,6 @@ def tree_mask(mb: MicroBatch, impl: str, device: torch.device, dtype: torch.dtyp
         neg = torch.finfo(dtype).min
         return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)
     raise ConfigError(f"no tree mask for attention {impl!r}")
-
-
-def _block_mask(mb: MicroBatch, device: torch.device) -> Any:
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    end = torch.from_numpy(mb.subtree_end).to(device)
-    n = mb.num_tokens
-
-    def ancestor(b: Any, h: Any, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        return (kv <= q) & (q < end[kv])
-
-    return create_block_mask(ancestor, None, None, n, n, device=str(device))
 
 
 def set_attention(model: torch.nn.Module, impl: str) -> None:
@@ -93,46 +82,16 @@ def attention_inputs(mb: MicroBatch, impl: str, device: torch.device, dtype: tor
 
 
 def forward_logits(
-    model: torch.nn.Module, mb: MicroBatch, impl: str, inputs: dict[str, Any] | None = None
+    model: torch.nn.Module, mb: MicroBatch, impl: str, inputs: dict[str, Any] | None = None, **kwargs: Any
 ) -> torch.Tensor:
     """(L, V) logits of every packed token; ``impl`` must already be set on the model.
 
-    ``inputs``: ``attention_inputs`` built beforehand (so a caller can time them apart)."""
+    ``inputs``: ``attention_inputs`` built beforehand (so a caller can time them apart);
+    ``kwargs`` go to the model (``logits_to_keep``)."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     ids = torch.from_numpy(mb.input_ids).to(device)[None]
     pos = torch.from_numpy(mb.position_ids).to(device)[None]
     extra = inputs if inputs is not None else attention_inputs(mb, impl, device, dtype)
-    out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra)
+    out = model(input_ids=ids, position_ids=pos, use_cache=False, **extra, **kwargs)
     return out.logits[0]
-
-
-def sample_logprobs(
-    logits: torch.Tensor, mb: MicroBatch, *, with_entropy: bool = True
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per sample of ``mb``: logprob of each token (0 at t=0) and the entropy of its predictive
-    distribution (no grad, 0 at t=0). Token t is predicted from the node of token t-1."""
-    lengths = [int(ix.shape[0]) for ix in mb.token_index]
-    pred = np.concatenate([ix[:-1] for ix in mb.token_index])
-    tgt_nodes = np.concatenate([ix[1:] for ix in mb.token_index])
-    pred_t = torch.from_numpy(pred).to(logits.device)
-    tgt = torch.from_numpy(mb.input_ids[tgt_nodes]).to(logits.device)
-    lse = torch.logsumexp(logits, dim=-1)
-    flat = logits[pred_t, tgt] - lse[pred_t]
-    ent_flat = torch.zeros_like(flat)
-    if with_entropy:
-        with torch.no_grad():
-            logp = torch.log_softmax(logits.detach(), dim=-1)
-            node_ent = -(logp.exp() * logp).sum(-1)
-            ent_flat = node_ent[pred_t]
-    lps: list[torch.Tensor] = []
-    ents: list[torch.Tensor] = []
-    zero = flat.new_zeros(1)
-    for chunk, echunk in zip(
-        torch.split(flat, [n - 1 for n in lengths]),
-        torch.split(ent_flat, [n - 1 for n in lengths]),
-        strict=True,
-    ):
-        lps.append(torch.cat([zero, chunk]))
-        ents.append(torch.cat([zero, echunk]))
-    return lps, ents

@@ -14,7 +14,8 @@ import torch
 
 from rollyard.core.errors import TrainError
 from rollyard.core.sample import Sample
-from rollyard.train.attention import attention_inputs, forward_logits, sample_logprobs
+from rollyard.train.attention import attention_inputs
+from rollyard.train.logprobs import micro_batch_logprobs
 from rollyard.train.objective import BatchTotals, CorrectionConfig, LossConfig, micro_batch_loss
 from rollyard.train.packing import PackedBatch
 
@@ -45,12 +46,15 @@ def forward_backward(
     temperature: float = 1.0,
     correction: CorrectionConfig | None = None,
     decoupled: bool = False,
+    logits_chunk: int = 0,
 ) -> StepResult:
     """Run every micro-batch; ``totals`` defaults to this batch's (pass the global one under DP).
 
     ``temperature``: the sampling temperature of the behaviour tokens; logits are divided by it,
     so the trained distribution is the one that was sampled (and matches recorded logprobs).
-    ``correction``, ``decoupled``: the off-policy correction (``objective.micro_batch_loss``)."""
+    ``correction``, ``decoupled``: the off-policy correction (``objective.micro_batch_loss``).
+    ``logits_chunk``: apply the LM head this many rows at a time, never holding the (L, V) logits
+    (``train.logprobs``); 0 takes the full-logits path."""
     totals = totals or BatchTotals.of(samples)
     result = StepResult()
     weighted: dict[str, float] = {}
@@ -62,11 +66,8 @@ def forward_backward(
         t0 = clock()
         inputs = attention_inputs(mb, impl, device, dtype)
         t1 = clock()
-        logits = forward_logits(model, mb, impl, inputs)
-        if temperature != 1.0:
-            logits = logits / temperature
+        lps, ents = micro_batch_logprobs(model, mb, impl, inputs, temperature=temperature, chunk=logits_chunk)
         t2 = clock()
-        lps, ents = sample_logprobs(logits, mb)
         mb_samples = [samples[i] for i in mb.samples]
         nan = lps[0].new_full((), float("nan"))
         if not all(bool(torch.isfinite(lp).all()) for lp in lps):  # the model, not the data, diverged
@@ -97,6 +98,6 @@ def forward_backward(
         if keep_logprobs:
             for i, lp in zip(mb.samples, lps, strict=True):
                 result.logprobs[i] = lp.detach()
-        del logits, lps, loss
+        del lps, loss
     result.metrics = {k: v / max(weight_sum, 1.0) for k, v in weighted.items() if k not in ("loss", "tokens")}
     return result

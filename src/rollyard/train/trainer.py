@@ -50,6 +50,8 @@ class TrainConfig(BaseModel):
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)  # off-policy correction
     decoupled: bool = False  # ratio against the proximal policy, behaviour corrected by pi_prox/mu
     temperature: float = Field(default=1.0, gt=0)  # the rollouts' sampling temperature
+    # LM-head rows per chunk in the loss (train.logprobs): the (L, V) logits are never held; 0 = off.
+    logits_chunk: int = Field(default=512, ge=0)
     # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
     # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
     train_layers: int | None = Field(default=None, ge=1)
@@ -145,6 +147,7 @@ class Trainer:
                 temperature=self.config.temperature,
                 correction=self.config.correction,
                 decoupled=self.config.decoupled,
+                logits_chunk=self.config.logits_chunk,
             )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
         self.parallel.sum_grads(self.params)
