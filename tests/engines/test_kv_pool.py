@@ -49,7 +49,8 @@ def test_mooncake_without_master_is_refused_at_engine_start(tmp_path: Path) -> N
 def test_lmcache_is_refused_on_a_cpu_engine() -> None:
     with pytest.raises(ConfigError, match="CUDA"):
         KVPoolConfig(kind="lmcache").engine_args(cuda=False)
-    assert _transfer(KVPoolConfig(kind="lmcache").engine_args(cuda=True))["kv_connector"] == "LMCacheConnectorV1"
+    on_cuda = _transfer(KVPoolConfig(kind="lmcache").engine_args(cuda=True))
+    assert on_cuda["kv_connector"] == "LMCacheConnectorV1"
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
 """``rollyard bench kvpool``: restores and migrations with the shared KV pool against without.
 
 Two real vLLM engines (the tiny model, a 2,048-token KV cache each, so other traffic evicts a
-paused program's KV) run the same workload twice: first sharing ``engine.kv_pool: {kind:
-local}``, then with no pool. Each program is a two-turn conversation: turn 1 (a ~600-token
+paused program's KV) run the same workload three times: sharing ``engine.kv_pool: {kind:
+mooncake}`` (skipped where the package is missing), sharing ``{kind: local}``, and with no pool.
+The headline ratios are the first pool's; ``local_*`` the second's.
+Each program is a two-turn conversation: turn 1 (a ~600-token
 prompt, 64 generated tokens), then turn 2 = turn 1's prompt + its output + a 40-token tool reply.
 
 - restore (a ThunderAgent-style pause): turn 1 on engine A; filler requests (other programs'
@@ -20,6 +22,7 @@ between the two runs, which must also produce the same tokens (``same_tokens``).
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 import statistics
@@ -33,9 +36,13 @@ import httpx
 
 from rollyard.bench._model import bench_model
 from rollyard.bench._report import loadavg, report
+from rollyard.core.errors import ConfigError
 from rollyard.engines.kvpool import KVPoolConfig
+from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import prompt_token_sources
+
+log = logging.getLogger(__name__)
 
 KV_TOKENS = 2048
 MAX_MODEL_LEN = 1024
@@ -159,45 +166,62 @@ def _ratio(with_pool: list[dict[str, Any]], without: list[dict[str, Any]]) -> fl
     return sum(r["local_compute"] for r in with_pool) / base if base else float("nan")
 
 
+def _compare(pooled: dict[str, Any], plain: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Recompute ratios, loaded tokens, T=0 agreement and median turn-2 latency, pool vs plain."""
+    kinds = ("restore", "migrate")
+    pairs = [(p, q) for k in kinds for p, q in zip(pooled[k], plain[k], strict=True)]
+    out: dict[str, Any] = {}
+    for k in kinds:
+        out[f"{prefix}{k}_recompute_ratio"] = _ratio(pooled[k], plain[k])
+    out[f"{prefix}logprob_diff"] = max(
+        abs(x - y) for p, q in pairs for x, y in zip(p["logprobs"], q["logprobs"], strict=True)
+    )
+    out[f"{prefix}same_tokens"] = all(p["token_ids"] == q["token_ids"] for p, q in pairs)
+    for k in kinds:
+        out[f"{prefix}{k}_loaded"] = sum(r["external_kv_transfer"] for r in pooled[k])
+        out[f"{prefix}{k}_latency_s"] = statistics.median(r["latency_s"] for r in pooled[k])
+    return out
+
+
 def main(quick: bool = False) -> dict[str, Any]:
+    """Mooncake (where its package is installed), then our ``local`` pool, then no pool."""
     n = 2 if quick else 4
     tmp = Path(tempfile.mkdtemp(prefix="rollyard-bench-kvpool-"))
-    root = Path(
-        tempfile.mkdtemp(prefix="rollyard-kvpool-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
-    )
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    root = Path(tempfile.mkdtemp(prefix="rollyard-kvpool-", dir=shm))
+    runs: dict[str, Any] = {}
     try:
         model = bench_model("tiny", tmp)
         vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
-        pooled = _run(model, tmp, "pool", KVPoolConfig(kind="local", root=str(root)), n, vocab)
-        stored = sum(1 for _ in root.rglob("*.kv"))
-        plain = _run(model, tmp, "plain", KVPoolConfig(), n, vocab)
-        same = all(
-            p["token_ids"] == q["token_ids"]
-            for kind in ("restore", "migrate")
-            for p, q in zip(pooled[kind], plain[kind], strict=True)
+        try:
+            master: MooncakeMaster | None = MooncakeMaster(tmp / "mooncake-master.log").start()
+        except ConfigError as e:  # the package is not installed: the local pool only
+            log.warning("bench kvpool: no mooncake (%s)", e.message)
+            master = None
+        if master is not None:
+            try:
+                pool = KVPoolConfig(kind="mooncake", master=master.address, segment_mb=256)
+                runs["mooncake"] = _run(model, tmp, "mooncake", pool, n, vocab)
+            finally:
+                master.stop()
+        runs["local"] = _run(model, tmp, "local", KVPoolConfig(kind="local", root=str(root)), n, vocab)
+        runs["plain"] = _run(model, tmp, "plain", KVPoolConfig(), n, vocab)
+        first = "mooncake" if "mooncake" in runs else "local"
+        summary = {"pool": first, **_compare(runs[first], runs["plain"])}
+        if first != "local":
+            summary.update(_compare(runs["local"], runs["plain"], prefix="local_"))
+        summary["plain_restore_latency_s"] = statistics.median(
+            r["latency_s"] for r in runs["plain"]["restore"]
         )
-        diff = max(
-            abs(x - y)
-            for kind in ("restore", "migrate")
-            for p, q in zip(pooled[kind], plain[kind], strict=True)
-            for x, y in zip(p["logprobs"], q["logprobs"], strict=True)
+        summary["plain_migrate_latency_s"] = statistics.median(
+            r["latency_s"] for r in runs["plain"]["migrate"]
         )
-        lat = {
-            f"{kind}_{tag}_latency_s": statistics.median(r["latency_s"] for r in rows[kind])
-            for kind in ("restore", "migrate")
-            for tag, rows in (("pool", pooled), ("plain", plain))
+        summary["programs"] = n
+        details = {
+            "runs": runs,
+            "local_blocks_stored": sum(1 for _ in root.rglob("*.kv")),
+            "loadavg": loadavg(),
         }
-        summary = {
-            "restore_recompute_ratio": _ratio(pooled["restore"], plain["restore"]),
-            "migrate_recompute_ratio": _ratio(pooled["migrate"], plain["migrate"]),
-            "logprob_diff": diff,
-            "same_tokens": same,
-            "restore_loaded": sum(r["external_kv_transfer"] for r in pooled["restore"]),
-            "migrate_loaded": sum(r["external_kv_transfer"] for r in pooled["migrate"]),
-            **lat,
-            "programs": n,
-        }
-        details = {"pool": pooled, "plain": plain, "blocks_stored": stored, "loadavg": loadavg()}
         return report("kvpool", summary, details)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
