@@ -34,7 +34,9 @@ def test_local_pool_passes_our_connector_with_root_and_weights_epoch(tmp_path: P
 def test_mooncake_pool_gets_its_client_file(tmp_path: Path) -> None:
     pool = KVPoolConfig(kind="mooncake", master="127.0.0.1:5555", segment_mb=64)
     server = VLLMServer(tmp_path, kv_pool=pool, log_path=tmp_path / "e0.log")
-    assert _transfer(server.command())["kv_connector"] == "MooncakeStoreConnector"
+    cfg = _transfer(server.command())
+    assert cfg["kv_connector"] == "MooncakeStoreConnector"
+    assert cfg["kv_connector_extra_config"]["save_decode_cache"] is True  # the next turn extends outputs
     doc = json.loads(Path(server.environment()["MOONCAKE_CONFIG_PATH"]).read_text())
     assert doc["master_server_address"] == "127.0.0.1:5555"
     assert doc["global_segment_size"] == "64MB"
