@@ -95,3 +95,15 @@ def test_store_hits_count_leading_blocks_and_writes_whole_files(tmp_path: Path) 
     assert not list(tmp_path.rglob("*.tmp"))
     store.clear()
     assert store.hits(keys) == 0 and not (tmp_path / "ns").exists()
+
+
+@pytest.mark.parametrize("flag", ["redis", "local:relative/dir", "mooncake:no-port"])
+def test_engine_serve_rejects_a_bad_kv_pool_flag_before_starting(flag: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollyard.cli import _register, app
+
+    _register()
+    res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), "--kv-pool", flag])
+    assert res.exit_code != 0
+    assert isinstance(res.exception, ConfigError) and "--kv-pool" in res.exception.message

@@ -34,21 +34,34 @@ def serve(
         help="speculative drafting METHOD[:K]: grouped_suffix (a suffix index per RL group), "
         "solo_suffix, ngram or none; K tokens at most per step (default 4)",
     ),
+    kv_pool: str = typer.Option(
+        "none",
+        "--kv-pool",
+        help="share KV with other engines (docs/kv-pool.md): none, local[:DIR] (a directory all "
+        "engines on this host see) or mooncake:HOST:PORT (a running mooncake_master)",
+    ),
 ) -> None:
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
     from pydantic import ValidationError
 
     from rollyard.core.errors import ConfigError
     from rollyard.engines.drafting import DraftingConfig
+    from rollyard.engines.kvpool import KVPoolConfig
     from rollyard.engines.launcher import VLLMServer
 
     try:
         draft = DraftingConfig.parse(drafting)
     except ValidationError as e:
         raise ConfigError(f"--drafting {drafting!r}: {e.errors()[0]['msg']}") from e
+    kind, _, at = kv_pool.partition(":")
+    where = {"local": {"root": at}, "mooncake": {"master": at}}.get(kind, {}) if at else {}
+    try:
+        pool = KVPoolConfig.model_validate({"kind": kind, **where})
+    except ValidationError as e:
+        raise ConfigError(f"--kv-pool {kv_pool!r}: {e.errors()[0]['msg']}") from e
     server = VLLMServer(
         model, port=port, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
-        log_path=log_file, startup_timeout_s=timeout, drafting=draft,
+        log_path=log_file, startup_timeout_s=timeout, drafting=draft, kv_pool=pool,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)
     with server:
