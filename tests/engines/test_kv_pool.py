@@ -107,3 +107,19 @@ def test_engine_serve_rejects_a_bad_kv_pool_flag_before_starting(flag: str, tmp_
     res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), "--kv-pool", flag])
     assert res.exit_code != 0
     assert isinstance(res.exception, ConfigError) and "--kv-pool" in res.exception.message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", [(10, 2, 64, 128), (2, 10, 64, 2, 64)])  # CPU; K/V first (CUDA)
+def test_a_block_round_trips_through_bytes_into_another_block(dtype: str, layout: tuple[int, ...]) -> None:
+    import torch
+
+    from rollyard.engines.kvpool.connector import _block_dim, block_bytes, read_block
+
+    caches = [torch.randn(*layout).to(getattr(torch, dtype)) for _ in range(4)]
+    dim = _block_dim(caches[0], 10)
+    data = block_bytes([c.select(dim, 3) for c in caches])
+    assert read_block(data, [c.select(dim, 7) for c in caches])
+    assert all(torch.equal(c.select(dim, 7), c.select(dim, 3)) for c in caches)
+    assert not torch.equal(caches[0].select(dim, 6), caches[0].select(dim, 3))  # others untouched
+    assert not read_block(data[:-2], [c.select(dim, 5) for c in caches])  # a short file is refused

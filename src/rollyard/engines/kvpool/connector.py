@@ -18,10 +18,10 @@ reload - moves to the next, so KV of old weights is never loaded by new ones).
 from __future__ import annotations
 
 import hashlib
-import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-log = logging.getLogger(__name__)
+_NEVER = 1 << 62  # ``saved_blocks`` of a request whose blocks must not be stored
 
 
 @dataclass
@@ -152,7 +152,8 @@ class SharedPoolConnector(KVConnectorBase_V1):
         self._epoch += 1
         self._store = self._open_store()
         for tracked in self._tracked.values():
-            tracked.saved_blocks = 0
+            # A request running across the reload holds KV of the old weights: never store it.
+            tracked.saved_blocks = _NEVER
         return True
 
     # ---- worker side ----
@@ -171,18 +172,10 @@ class SharedPoolConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, PoolMetadata)
         for key, block_id in meta.loads:
+            blocks = [self._block(n, block_id) for n in self._kv_caches]
             data = self._store.get(key)
-            expected = sum(self._block(n, block_id).numel() for n in self._kv_caches)
-            first = next(iter(self._kv_caches.values()))
-            if data is None or len(data) != expected * first.element_size():
+            if data is None or not read_block(data, blocks):
                 self._failed.add(block_id)
-                continue
-            flat = torch.frombuffer(bytearray(data), dtype=first.dtype)
-            offset = 0
-            for name in self._kv_caches:
-                dst = self._block(name, block_id)
-                dst.copy_(flat[offset : offset + dst.numel()].view(dst.shape))
-                offset += dst.numel()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -196,12 +189,39 @@ class SharedPoolConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, PoolMetadata)
         for key, block_id in meta.saves:
-            parts = [self._block(n, block_id).contiguous().view(-1) for n in self._kv_caches]
-            self._store.put(key, torch.cat(parts).cpu().numpy().tobytes())
+            self._store.put(key, block_bytes([self._block(n, block_id) for n in self._kv_caches]))
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed = self._failed, set()
         return failed
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)  # any dtype (bf16 too: numpy has none); the last dim is contiguous
+
+
+def block_bytes(blocks: list[torch.Tensor]) -> bytes:
+    """One block's KV over all layers, as bytes. Through numpy, not torch: a torch copy on a
+    loaded CPU waits on its OpenMP pool (measured 64 ms per 256 KiB block at load 27 with 2
+    threads, 0.03 ms with numpy's single-threaded copy)."""
+    return b"".join(_byte_view(b if b.device.type == "cpu" else b.cpu()).numpy().tobytes() for b in blocks)
+
+
+def read_block(data: bytes, blocks: list[torch.Tensor]) -> bool:
+    """Copy ``block_bytes`` output into the blocks of the paged cache; False if sizes differ."""
+    views = [_byte_view(b) for b in blocks]
+    if len(data) != sum(v.numel() for v in views):
+        return False
+    src = np.frombuffer(data, dtype=np.uint8)
+    offset = 0
+    for view in views:
+        part = src[offset : offset + view.numel()].reshape(tuple(view.shape))
+        if view.device.type == "cpu":
+            np.copyto(view.numpy(), part)
+        else:
+            view.copy_(torch.from_numpy(part.copy()).to(view.device))
+        offset += view.numel()
+    return True
 
 
 def _block_dim(t: torch.Tensor, num_blocks: int) -> int:
