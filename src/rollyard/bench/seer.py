@@ -233,6 +233,22 @@ async def one_round(
     }
 
 
+def _kv_pool(stack: Any, tmp: Path) -> Any:
+    """``ROLLYARD_BENCH_SEER_KV_POOL=mooncake|local``: the engines share a KV pool, so a moved
+    chunk loads its context instead of re-prefilling it (``docs/kv-pool.md``)."""
+    from rollyard.engines.kvpool import KVPoolConfig
+    from rollyard.engines.kvpool.mooncake import MooncakeMaster
+
+    kind = os.environ.get("ROLLYARD_BENCH_SEER_KV_POOL", "none")
+    if kind == "mooncake":
+        master = MooncakeMaster(tmp / "mooncake-master.log").start()
+        stack.callback(master.stop)
+        return KVPoolConfig(kind="mooncake", master=master.address, segment_mb=256)
+    if kind == "local":
+        return KVPoolConfig(kind="local", root=str(tmp / "kv-pool"))
+    return KVPoolConfig(kind=kind)
+
+
 async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     from concurrent.futures import ThreadPoolExecutor
     from contextlib import ExitStack
@@ -241,6 +257,7 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
 
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with ExitStack() as stack:
+        pool = _kv_pool(stack, model_dir.parent)
         servers = [
             VLLMServer(
                 model_dir,
@@ -248,6 +265,7 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
                 max_model_len=2048,
                 cpu_threads=str(i),  # one core each: two instances, as in Seer's setting
                 startup_timeout_s=900.0,  # shared 2-core machine under load
+                kv_pool=pool,
             )
             for i in range(2)
         ]
@@ -328,4 +346,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     # seer-kvtokens4096, ...), the headline stays
     base = defaults(quick)
     name = "seer" + "".join(f"-{k.replace('_', '')}{v}" for k, v in cfg.items() if v != base[k])
+    pool = os.environ.get("ROLLYARD_BENCH_SEER_KV_POOL", "none")
+    name += "" if pool == "none" else f"-kvpool{pool}"
+    details["kv_pool"] = pool
     return report(name, summary, details)

@@ -41,12 +41,19 @@ def serve(
         "what the trainer's ratios need; a run refuses an attached engine without it) or "
         "raw_logprobs (vLLM's default: the model at T=1)",
     ),
+    kv_pool: str = typer.Option(
+        "none",
+        "--kv-pool",
+        help="share KV with other engines (docs/kv-pool.md): none, local[:DIR] (a directory all "
+        "engines on this host see) or mooncake:HOST:PORT (a running mooncake_master)",
+    ),
 ) -> None:
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
     from pydantic import ValidationError
 
     from rollyard.core.errors import ConfigError
     from rollyard.engines.drafting import DraftingConfig
+    from rollyard.engines.kvpool import KVPoolConfig
     from rollyard.engines.launcher import VLLMServer
 
     if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
@@ -55,9 +62,15 @@ def serve(
         draft = DraftingConfig.parse(drafting)
     except ValidationError as e:
         raise ConfigError(f"--drafting {drafting!r}: {e.errors()[0]['msg']}") from e
+    kind, _, at = kv_pool.partition(":")
+    where = {"local": {"root": at}, "mooncake": {"master": at}}.get(kind, {}) if at else {}
+    try:
+        pool = KVPoolConfig.model_validate({"kind": kind, **where})
+    except ValidationError as e:
+        raise ConfigError(f"--kv-pool {kv_pool!r}: {e.errors()[0]['msg']}") from e
     server = VLLMServer(
         model, port=port, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
-        log_path=log_file, startup_timeout_s=timeout, drafting=draft,
+        log_path=log_file, startup_timeout_s=timeout, drafting=draft, kv_pool=pool,
         extra_args=["--logprobs-mode", logprobs_mode],
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)

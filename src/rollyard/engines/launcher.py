@@ -29,6 +29,7 @@ import httpx
 from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import free_port
 from rollyard.engines.drafting.config import DraftingConfig
+from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.tiny_model import check_model_dir, model_positions
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class VLLMServer:
 
     ``kv_tokens`` caps the KV cache (via a block-count override) so KV pressure is
     reproducible on a laptop. ``cpu_threads`` pins the engine's OpenMP threads. ``drafting``
-    turns on speculative decoding (``engine.drafting``).
+    turns on speculative decoding (``engine.drafting``); ``kv_pool`` a KV pool shared with
+    other engines (``engine.kv_pool``), keyed by ``weights_version``.
     """
 
     def __init__(
@@ -103,6 +105,8 @@ class VLLMServer:
         extra_args: list[str] | None = None,
         cpu_threads: str | None = None,
         drafting: DraftingConfig | None = None,
+        kv_pool: KVPoolConfig | None = None,
+        weights_version: int = 0,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.host = host
@@ -117,6 +121,8 @@ class VLLMServer:
         self.extra_args = list(extra_args or [])
         self.cpu_threads = cpu_threads
         self.drafting = drafting or DraftingConfig()
+        self.kv_pool = kv_pool or KVPoolConfig()
+        self.weights_version = weights_version  # the pool keys KV by it (``kvpool.connector``)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -148,6 +154,7 @@ class VLLMServer:
                 )
             blocks = math.ceil(self.kv_tokens / self.block_size)
             args += ["--num-gpu-blocks-override", str(blocks)]
+        args += self.kv_pool.engine_args(cuda=has_cuda_gpu(), epoch=self.weights_version)
         return args + self.drafting.engine_args() + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -163,6 +170,9 @@ class VLLMServer:
         # busy gateway loop reused connections the engine had just closed (see engines.vllm).
         env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
         env.update(self.drafting.environment())
+        env.update(
+            self.kv_pool.environment(Path(self.log_path or "engine.log").with_suffix(".mooncake.json"))
+        )
         if not has_cuda_gpu():
             cpus = os.cpu_count() or 1
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", self.cpu_threads or f"0-{max(0, cpus - 1)}")

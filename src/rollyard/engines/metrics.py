@@ -120,3 +120,18 @@ def acceptance(before: list[EngineStats] | None, after: list[EngineStats]) -> di
         "spec_accept_rate": accepted / tokens if tokens else 0.0,
         "spec_accepted_per_pos": [round(n / drafts, 4) for n in per_pos],
     }
+
+
+def prompt_token_sources(text: str) -> dict[str, int]:
+    """Prompt tokens by where their KV came from, from vLLM's
+    ``vllm:prompt_tokens_by_source_total{source=...}`` (``local_compute``: prefilled here,
+    ``local_cache_hit``: this engine's prefix cache, ``external_kv_transfer``: a KV connector,
+    e.g. ``engine.kv_pool``), summed over model labels."""
+    out: dict[str, int] = {}
+    lines = "\n".join(ln for ln in text.splitlines() if ln.startswith("vllm:prompt_tokens_by_source_total"))
+    for family in text_string_to_metric_families(lines + "\n"):
+        for s in family.samples:
+            if s.name == "vllm:prompt_tokens_by_source_total":
+                src = s.labels.get("source", "")
+                out[src] = out.get(src, 0) + int(s.value)
+    return out

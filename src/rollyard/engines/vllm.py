@@ -320,7 +320,9 @@ class VLLMBackend:
         await self._request("POST", "/abort_requests", json={"request_ids": request_ids or []})
 
     async def reset_prefix_cache(self) -> None:
-        await self._request("POST", "/reset_prefix_cache")
+        # reset_external: a shared KV pool (engine.kv_pool) moves to the new weights' epoch too;
+        # an engine without one treats it as a no-op.
+        await self._request("POST", "/reset_prefix_cache", params={"reset_external": "true"})
 
     async def load_weights(self, path: str, version: int) -> None:
         """Swap weights in place from a safetensors dir; later turns carry ``version``."""

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.engines.drafting.config import DraftingConfig
+from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.pretrained import PRETRAINED
 from rollyard.gateway.settings import GatewayLimits
 from rollyard.rl.advantages import AdvantageConfig
@@ -62,6 +63,7 @@ class EngineConfig(_Section):
     startup_timeout_s: float = Field(default=300.0, gt=0)
     restart_on_death: bool = True
     drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
+    kv_pool: KVPoolConfig = Field(default_factory=KVPoolConfig)  # KV shared by the engines
 
 
 class SchedulingConfig(_Section):

@@ -29,6 +29,7 @@ from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailabl
 from rollyard.core.net import WILDCARDS, advertised_url, free_port
 from rollyard.engines import logprob_mode
 from rollyard.engines.base import EngineStats
+from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
@@ -83,6 +84,7 @@ class EngineFleet:
     restarts: int = 0
     closing: bool = False  # set first at teardown: a dead engine is then not restarted
     _spec_seen: list[EngineStats] | None = None
+    pool_master: MooncakeMaster | None = None  # engine.kv_pool's master, when the fleet started it
 
     async def drafting_metrics(self) -> dict[str, object]:
         """Speculative decoding since the last call over all engines (``{}`` when none drafted)."""
@@ -108,6 +110,7 @@ class EngineFleet:
                 log.warning("engine %s died; restarting on weights v%d", backend.name, self.version)
                 server.stop()
                 server.model_dir = self.weights
+                server.weights_version = self.version  # the KV pool keys blocks by it
                 # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
                 # (the server's atexit hook still stops what it started).
                 await in_daemon_thread(self._restart, server)
@@ -129,6 +132,8 @@ class EngineFleet:
         self.closing = True
         for s in self.servers:
             s.stop(timeout_s=ENGINE_STOP_S)
+        if self.pool_master is not None:
+            self.pool_master.stop()
 
 
 def kill_servers(servers: list[VLLMServer]) -> None:
@@ -165,7 +170,11 @@ def start_engines(
     (Ctrl-C during the ~40 s start-up) can stop them; ``abort`` set means: start no more."""
     servers = [] if servers is None else servers
     backends: list[VLLMBackend] = []
+    pool, master = cfg.engine.kv_pool, None
     try:
+        if pool.kind == "mooncake" and pool.master is None and not cfg.engine.urls:
+            master = MooncakeMaster(run_dir / "logs" / "mooncake-master.log").start()
+            pool = pool.model_copy(update={"master": master.address})
         if cfg.engine.urls:
             urls = list(cfg.engine.urls)
             for url in urls:
@@ -184,6 +193,8 @@ def start_engines(
                     startup_timeout_s=cfg.engine.startup_timeout_s,
                     extra_args=list(LOGPROBS_OF_SAMPLED),
                     drafting=cfg.engine.drafting,
+                    kv_pool=pool,
+                    weights_version=version,
                 )
                 servers.append(server)
                 server.start()
@@ -203,8 +214,10 @@ def start_engines(
     except BaseException:
         for s in servers:
             s.stop()
+        if master is not None:
+            master.stop()
         raise
-    return EngineFleet(servers, backends, weights, version)
+    return EngineFleet(servers, backends, weights, version, pool_master=master)
 
 
 # In-flight gateway requests get this long to finish at teardown before uvicorn cancels them;

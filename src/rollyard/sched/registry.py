@@ -66,6 +66,7 @@ ROUTERS: dict[str, Callable[[Options], Router]] = {
         max_move_s=float(o.get("max_move_s", 2.0)),
         prefill_tok_s=float(o.get("prefill_tok_s", 2000.0)),
         balance=int(o.get("balance", 2)),
+        pool_load_tok_s=float(o.get("pool_load_tok_s", 0.0)),
     ),
     "group_bound": lambda o: GroupBound(),
 }
@@ -102,6 +103,7 @@ KNOWN_OPTIONS = {
     "prefill_tok_s",
     "starve_s",
     "balance",
+    "pool_load_tok_s",
 }
 
 

