@@ -12,7 +12,8 @@ reading one cached token when a decoding request attends over its context (``dec
 the sum of those contexts: memory-bound on a GPU), ``prefill_attn_s`` the cost of one
 (new token, earlier token) pair inside a prefill chunk (compute-bound). ``rollyard sim
 calibrate`` fits these to a real engine; the GPU profiles shipped beside this file are derived
-from published hardware numbers.
+from published hardware numbers. The optional ``gateway``, ``trainer`` and ``publish``
+sections charge the rest of a run (``sim.costs``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollyard.core.errors import ConfigError
+from rollyard.sim.costs import GatewayCost, PublishCost, TrainerCost
 
 __all__ = ["EngineProfile", "load_profile", "profile_names", "save_profile"]
 
@@ -45,6 +47,10 @@ class EngineProfile(BaseModel):
     max_num_seqs: int = Field(default=256, ge=1)  # vLLM's running-batch limit
     max_batched_tokens: int = Field(default=8192, ge=1)  # tokens per step (chunked prefill budget)
     max_model_len: int = Field(default=32768, ge=16)
+    # What a cluster run pays beside the engines (``sim.costs``); absent: free, as before.
+    gateway: GatewayCost | None = None
+    trainer: TrainerCost | None = None
+    publish: PublishCost | None = None
 
     @model_validator(mode="after")
     def _fits(self) -> EngineProfile:
@@ -106,7 +112,7 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
 def save_profile(profile: EngineProfile, path: Path, comment: str = "") -> None:
     """Write the profile as YAML, atomically (a half-written profile never exists)."""
     head = "".join(f"# {line}\n" for line in comment.splitlines())
-    text = head + yaml.safe_dump(profile.model_dump(), sort_keys=False)
+    text = head + yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)

@@ -39,6 +39,10 @@ class SimStats:
     trainer_idle_s: float = 0.0
     staleness: list[int] = field(default_factory=list)
     dropped: int = 0
+    trained_tokens: int = 0  # tree-merged tokens the trainer stepped on
+    train_s: float = 0.0  # seconds the trainer spent stepping
+    publish_s: float = 0.0  # seconds spent publishing (staging and fence)
+    fence_s: float = 0.0  # of which every engine stood fenced
 
     def summary(self, makespan_s: float, engines: list[Any]) -> dict[str, Any]:
         prompt = sum(e.prompt_tokens for e in engines)
@@ -72,4 +76,10 @@ class SimStats:
             out["trainer_idle"] = self.trainer_idle_s / makespan_s if makespan_s else 0.0
             out["staleness_mean"] = statistics.fmean(self.staleness) if self.staleness else 0.0
             out["dropped"] = self.dropped
+            cycle = self.train_s + self.publish_s
+            out["train_step_s"] = self.train_s / self.trainer_steps
+            out["publish_step_s"] = self.publish_s / self.trainer_steps
+            out["publish_share"] = self.publish_s / cycle if cycle else 0.0  # of a step's train + publish
+            out["fence_share"] = self.fence_s / makespan_s if makespan_s else 0.0  # of the run: fenced
+            out["trained_tok_s"] = self.trained_tokens / makespan_s if makespan_s else 0.0
         return out
