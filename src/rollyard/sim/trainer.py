@@ -73,6 +73,7 @@ class SimTrainer:
             train_s = cost.step_s(self._tokens) if cost is not None else self.rl.train_s
             self.stats.trained_tokens += self._tokens
             self.stats.train_s += train_s
+            self.stats.trainer_started += 1
             self.busy = True
             self._units, self._tokens = set(), 0
             self._start(train_s)
@@ -85,6 +86,7 @@ class SimTrainer:
         stage, fence = p.stage_s(), p.fence_s(engines)
         self.stats.publish_s += stage + fence
         self.stats.fence_s += fence
+        self.stats.publishes += 1
         return stage, fence
 
     def published(self) -> None:
