@@ -137,7 +137,7 @@ class Simulation(PeriodicWork):
         events, progress = 0, 0.0
         while self._heap and self._done < self._total:
             t, _, kind, a, b = heapq.heappop(self._heap)
-            self.clock.advance(t - self.clock.now())
+            self.clock.advance(max(0.0, t - self.clock.now()))  # now + (t - now) can pass t by an ulp
             events += 1
             if kind not in (POLL, TICK):
                 progress = t
