@@ -98,7 +98,7 @@ class PublishCost(_Model):
 
     def stage_s(self) -> float:
         """The trainer's part before the fence: writing the weights (disk), nothing (memory)."""
-        return self.bytes / self.disk_write_bw if self.mode is PublishMode.DISK else 0.0
+        return 0.0 if self.mode is PublishMode.MEMORY else self.bytes / self.disk_write_bw
 
     def fence_s(self, engines: int) -> float:
         """How long every engine stops scheduling while it takes the new weights."""
