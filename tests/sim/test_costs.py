@@ -181,7 +181,8 @@ def test_a_fenced_engine_finishes_the_step_under_way_then_waits_for_the_weights(
 def test_trainer_idle_and_staleness_come_out_of_the_trainers_speed() -> None:
     w = workload(  # 4 groups at a time: they finish in waves, each wave a batch
         programs=96, group_size=4, concurrency=16, engines=2, turns={"value": 3},
-        prompt_tokens={"value": 200}, output_tokens={"value": 30}, tool_tokens={"value": 20}, tool_s={"value": 0.2},
+        prompt_tokens={"value": 200}, output_tokens={"value": 30}, tool_tokens={"value": 20},
+        tool_s={"value": 0.2},
         rl={"mode": "async", "batch_groups": 4,
             "buffer": {"rule": "window", "window_fraction": 0.5, "group_whole": True, "max_staleness": 8}},
     )  # fmt: skip
@@ -258,6 +259,33 @@ def test_the_cli_prints_the_gateway_shards_that_keep_utilisation_under_seventy_p
     need = int(line.split("gateway_shards_needed=")[1].split()[0])
     util = float(line.split("util=")[1].split(",")[0])
     assert need >= 1 and util <= 0.7
+
+
+def test_bounds_sizes_the_gateway_and_runs_both_publish_modes(tmp_path: Path) -> None:
+    _register()
+    small = tmp_path / "small.yaml"  # swe's shape, small: batches of 2 groups, so steps publish mid-run
+    write_yaml(small, {
+        "name": "small", "programs": 48, "group_size": 4, "turns": {"dist": "uniform", "low": 3, "high": 6},
+        "prompt_tokens": {"value": 2000}, "output_tokens": {"value": 100}, "tool_tokens": {"value": 300},
+        "tool_s": {"value": 1.0}, "rl": {"mode": "async", "batch_groups": 2},
+    })  # fmt: skip
+    args = ["sim", "bounds", "--workload", str(small), "--gpus", "8", "-p", "fifo",
+            "--bounds-profile", "h100-qwen7b-tp4", "--bounds-profile", "h100-qwen14b-tp4",
+            "--out", str(tmp_path / "b.md")]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    rows = [line.split("|")[1:-1] for line in (tmp_path / "b.md").read_text().splitlines()[2:]]
+    assert [r[0].strip() for r in rows] == ["h100-qwen7b-tp4", "h100-qwen14b-tp4"]
+    for r in rows:
+        assert int(r[1]) == 2 and int(r[3]) >= 1  # 8 GPUs hold two 4-GPU engines; shards sized
+        disk, memory = (float(x) for x in r[5].split("/"))
+        assert disk > memory > 0  # publishing from disk takes a larger share of a step
+        assert r[8].strip() in {
+            "trainer / trainer",
+            "engines / engines",
+            "trainer / engines",
+            "engines / trainer",
+        }
 
 
 def test_the_gateway_fit_recovers_the_cost_it_was_given() -> None:

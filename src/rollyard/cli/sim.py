@@ -121,14 +121,15 @@ def _bounds(
 
     w = load_workload(workload, programs=programs)
     names = profiles or [n for n in profile_names() if load_profile(n).trainer is not None]
+    names.sort(key=lambda n: getattr(load_profile(n).trainer, "params", 0.0))  # smallest model first
     cost = load_gateway(gateway_cost) if gateway_cost else None
     profs = [load_profile(n).with_costs(gateway=cost) for n in names]
     fits = [p for p in profs if p.max_model_len >= w.max_context]
     for p in profs:
         if p not in fits:
             typer.echo(f"{p.name}: max_model_len {p.max_model_len} < the workload's {w.max_context}: skipped")
-    text = table(bounds(w, fits, policy, gpus))
-    typer.echo(text)
+    typer.echo(table([], head=True))
+    text = table(bounds(w, fits, policy, gpus, done=lambda row: typer.echo(table([row], head=False))))
     if out is not None:
         write_text(out, text + "\n")
         typer.echo(f"wrote {out}")

@@ -12,6 +12,7 @@ engines (the trainer waits for rollouts).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +64,15 @@ class Bound:
         return "trainer" if idle < TRAINER_BOUND else "engines"
 
 
-def bounds(w: Workload, profiles: list[EngineProfile], policies: list[str], gpus: int) -> list[Bound]:
+def bounds(
+    w: Workload,
+    profiles: list[EngineProfile],
+    policies: list[str],
+    gpus: int,
+    done: Callable[[Bound], None] | None = None,
+) -> list[Bound]:
     """Per profile and policy: the shards needed (sized under the profile's publish mode), then
-    the run at that count once per publish mode (disk, memory)."""
+    the run at that count once per publish mode (disk, memory); ``done`` hears each row."""
     out = []
     for prof in profiles:
         if prof.publish is None or prof.trainer is None:
@@ -84,16 +91,18 @@ def bounds(w: Workload, profiles: list[EngineProfile], policies: list[str], gpus
                     first.summary if same else Simulation(wl, policy_from_spec(spec), p).run().summary
                 )
             out.append(Bound(prof.name, engines, first.policy, shards, by_mode))
+            if done is not None:
+                done(out[-1])
     return out
 
 
-def table(rows: list[Bound]) -> str:
-    """The markdown table of ``bounds``."""
-    head = (
+def table(rows: list[Bound], head: bool = True) -> str:
+    """The markdown table of ``bounds`` (``head``: with its header lines)."""
+    title = (
         "| profile | engines | policy | gateway shards (<= 70%) | output tok/s disk / memory | "
         "publish share disk / memory | trainer idle disk / memory | staleness disk / memory | bound by |"
     )
-    lines = [head, "| --- " * 9 + "|"]
+    lines = [title, "| --- " * 9 + "|"] if head else []
     for b in rows:
         d, m = b.by_mode["disk"], b.by_mode["memory"]
 
