@@ -2,7 +2,8 @@
 
 ``sized`` finds the shards a run needs: the count whose cores its gateway work keeps at most
 70% busy (``costs.shards_needed``: the gateway's CPU seconds over 0.7 x cores x makespan) when
-the engines, not the gateway, set the pace.
+the engines, not the gateway, set the pace (the run within 5% of one whose gateway never
+queues).
 
 ``bounds`` does that for a fixed number of GPUs per profile (engines = GPUs / tensor
 parallelism) and policy, once per publish mode, and says which part bounds the run: the
@@ -27,12 +28,15 @@ __all__ = ["TRAINER_BOUND", "Bound", "bounds", "sized", "table"]
 
 TRAINER_BOUND = 0.10  # trainer idle below this share of the run: the trainer bounds it
 WIDE = 1024  # shards enough that no request waits for a gateway core
+SLOWER = 0.05  # a run this much longer than with WIDE shards was paced by its gateway
 
 
-def sized(w: Workload, spec: str, profile: EngineProfile, rounds: int = 4) -> tuple[SimResult, int]:
+def sized(w: Workload, spec: str, profile: EngineProfile, rounds: int = 8) -> tuple[SimResult, int]:
     """(the run at the shards it needs, that count): the fewest shards whose cores are <= 70%
     busy when the engines set the pace. First a run with ``WIDE`` shards (the gateway never
-    queues), then runs at the count its work asks for, raised while a run asks for more.
+    queues) gives the gateway's CPU seconds and the engines' makespan; then runs at the count
+    that work asks for, one more shard while a run asks for more or ends more than ``SLOWER``
+    after the wide run (the gateway, not the engines, set its pace).
 
     Why not the count one run at the profile's shards asks for: a gateway that queues does not
     only stretch the run, it changes it (requests reach the scheduler spread out in time, so
@@ -40,14 +44,14 @@ def sized(w: Workload, spec: str, profile: EngineProfile, rounds: int = 4) -> tu
     polls), and a longer makespan makes any gateway look less busy."""
     if profile.gateway is None:
         raise ConfigError(f"profile {profile.name} has no gateway cost (--gateway-cost FILE)")
-    r = Simulation(w, policy_from_spec(spec), profile.with_costs(shards=WIDE)).run()
-    need = r.summary["gateway_shards_needed"]
+    wide = Simulation(w, policy_from_spec(spec), profile.with_costs(shards=WIDE)).run().summary
+    need = wide["gateway_shards_needed"]
     for _ in range(rounds):
         r = Simulation(w, policy_from_spec(spec), profile.with_costs(shards=need)).run()
-        more = r.summary["gateway_shards_needed"]
-        if more <= need:
+        s = r.summary
+        if s["gateway_shards_needed"] <= need and s["makespan_s"] <= (1 + SLOWER) * wide["makespan_s"]:
             break
-        need = more
+        need = max(need + 1, s["gateway_shards_needed"])
     return r, need
 
 
