@@ -52,6 +52,8 @@ def sized(w: Workload, spec: str, profile: EngineProfile, rounds: int = 8) -> tu
         if s["gateway_shards_needed"] <= need and s["makespan_s"] <= (1 + SLOWER) * wide["makespan_s"]:
             break
         need = max(need + 1, s["gateway_shards_needed"])
+    else:  # out of rounds: the run at the last count asked for
+        r = Simulation(w, policy_from_spec(spec), profile.with_costs(shards=need)).run()
     return r, need
 
 
