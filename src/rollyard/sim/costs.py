@@ -98,11 +98,11 @@ class PublishCost(_Model):
 
     def stage_s(self) -> float:
         """The trainer's part before the fence: writing the weights (disk), nothing (memory)."""
-        return 0.0 if self.mode is PublishMode.MEMORY else self.bytes / self.disk_write_bw
+        return 0.0 if self.mode == PublishMode.MEMORY else self.bytes / self.disk_write_bw
 
     def fence_s(self, engines: int) -> float:
         """How long every engine stops scheduling while it takes the new weights."""
-        if self.mode is PublishMode.DISK:
+        if self.mode == PublishMode.DISK:
             take = self.bytes / self.disk_read_bw
             if self.storage_bw is not None:
                 take = max(take, engines * self.bytes / self.storage_bw)
