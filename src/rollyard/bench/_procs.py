@@ -141,12 +141,13 @@ def _up(proc: subprocess.Popen[bytes], log: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _canned() -> Iterator[tuple[str, Path]]:
+def _canned(max_model_len: int = 2048, token_interval_ms: float = 20.0) -> Iterator[tuple[str, Path]]:
     """``rollyard.bench._canned_engine`` in its own process, and a tiny model for the tokenizer."""
     from rollyard.engines.tiny_model import create_model
 
     port = free_port()
     cmd = [sys.executable, "-m", "rollyard.bench._canned_engine", "--port", str(port)]
+    cmd += ["--max-model-len", str(max_model_len), "--token-interval-ms", str(token_interval_ms)]
     with tempfile.TemporaryDirectory() as d:
         model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)

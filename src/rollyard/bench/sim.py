@@ -13,6 +13,9 @@ the simulator ranks the policies by throughput as the live runs do.
 The same three rounds then run ``cpu-pressure`` (48 programs whose running contexts exceed the
 KV cache, where the policies can differ by more than a run's noise): ``*_pressure`` in the summary.
 
+Gateway-bound: the canned engine behind a real gateway pinned to one core, three load levels
+live and replayed with the calibrated gateway queue (``_sim_gateway``): ``err_thr_gateway_bound``.
+
 Scale: the ``swe`` workload (64 engines x 2,000 programs, published-spec H100 profile) under
 FIFO and under "ours" (the best scheduling preset on this branch other than fifo), the wall
 time of the simulation and the simulated throughput ratio.
@@ -35,6 +38,7 @@ import httpx
 
 from rollyard.bench._procs import _cpu_seconds, _engine, _gateway, _host_busy_seconds
 from rollyard.bench._report import RESULTS_DIR, loadavg, report
+from rollyard.bench._sim_gateway import gateway_bound
 from rollyard.bench._sim_live import LiveRun, run_live
 from rollyard.sched import make_policy, policy_from_spec, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
@@ -233,6 +237,9 @@ def main(quick: bool = False) -> dict[str, Any]:
         "rank_ok": ranks[""][0],
     }
     big = None if extra else scale(quick, list(dict.fromkeys(["fifo", best])))
+    gw = None if extra else gateway_bound(turns=4 if quick else 8)
+    if gw is not None:  # the simulated gateway queue where the gateway is the bottleneck
+        summary["err_thr_gateway_bound"] = gw["err_thr_gateway_bound"]
     if big is not None:
         summary["sim_s_64x2000"] = big["fifo"]["wall_s"]
         summary["sim_cpu_s_64x2000"] = big["fifo"]["cpu_s"]
@@ -250,6 +257,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         summary[f"pairs_resolved{key}"] = ranks[key][1]
         summary[f"rank_strict{key}"] = rank_strict(v, policies)
     details = {"ours": best, "policies": policies, "quick": quick, "validation": val, "scale": big}
+    details["gateway_bound"] = gw
     if len(policies) == 1:
         details["note"] = "only fifo is registered on this branch: err_thr_ours is fifo's, rank_ok is trivial"
     if extra:  # every policy's error; the ranking covers them all

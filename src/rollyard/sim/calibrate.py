@@ -31,7 +31,17 @@ import numpy as np
 from rollyard.core.errors import ConfigError, EngineUnavailable
 from rollyard.sim.profile import EngineProfile, save_profile
 
-__all__ = ["GATEWAY_SAMPLING", "Points", "calibrate", "fit", "measure", "profile_of", "request_body"]
+__all__ = [
+    "GATEWAY_SAMPLING",
+    "Points",
+    "calibrate",
+    "fit",
+    "fit_gateway",
+    "fit_terms",
+    "measure",
+    "profile_of",
+    "request_body",
+]
 
 
 async def _info(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -101,6 +111,13 @@ def fit(decode: list[tuple[int, float, float]], prefill: list[tuple[int, float]]
     for n, s in prefill:
         rows.append([1.0, n, 0.0, n * (n + 1) / 2, 1.0])
         ys.append(s)
+    names = ["overhead_s", "per_token_s", "decode_attn_s", "prefill_attn_s", "request_s"]
+    return fit_terms(rows, ys, names)
+
+
+def fit_terms(rows: list[list[float]], ys: list[float], names: list[str]) -> dict[str, float]:
+    """Non-negative least squares on relative error: a term the timings make negative is
+    dropped and the rest refitted. Returns each name's coefficient and ``max_rel_err``."""
     a, y = np.array(rows), np.array(ys)
     w = 1.0 / y  # relative error: small and large timings count alike
     keep = list(range(a.shape[1]))
@@ -113,10 +130,18 @@ def fit(decode: list[tuple[int, float, float]], prefill: list[tuple[int, float]]
     full = dict.fromkeys(range(a.shape[1]), 0.0)
     full.update({k: float(c) for k, c in zip(keep, coef, strict=True)})
     pred = a @ np.array([full[k] for k in range(a.shape[1])])
-    names = ["overhead_s", "per_token_s", "decode_attn_s", "prefill_attn_s", "request_s"]
     out = {names[k]: full[k] for k in range(a.shape[1])}
     out["max_rel_err"] = float(np.max(np.abs(pred - y) / y))
     return out
+
+
+def fit_gateway(points: list[tuple[float, float, bool, float]]) -> dict[str, float]:
+    """The gateway's CPU per request, ``(prompt tokens, output tokens, streamed, CPU s)`` each,
+    fitted to ``GatewayCost``'s terms: a fixed part, per prompt token, per output token
+    answered whole and per output token streamed."""
+    rows = [[1.0, p, 0.0 if s else o, o if s else 0.0] for p, o, s, _ in points]
+    names = ["base_s", "per_prompt_token_s", "per_output_token_s", "per_stream_token_s"]
+    return fit_terms(rows, [c for *_, c in points], names)
 
 
 @dataclass(frozen=True)

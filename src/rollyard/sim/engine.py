@@ -76,6 +76,7 @@ class SimEngine:
         self.run: _Run | None = None
         self.version = 0  # bumped when the run under way is replaced; stale step events are ignored
         self.healthy = True
+        self.fenced = False  # taking new weights: no step starts until the fence lifts
         self.busy_s = 0.0
         self.steps = 0
         self.preemptions = 0
@@ -100,13 +101,21 @@ class SimEngine:
 
     def plan(self, now: float) -> float | None:
         """Start the next step if there is work; returns when it ends."""
-        if not self.healthy or (not self.running and not self.waiting):
+        if not self.healthy or self.fenced or (not self.running and not self.waiting):
             self.run = None
             return None
         run = self._decode_run(now) or self._general_step(now)
         self.run = run
         self.version += 1
         return run.end if run is not None else None
+
+    def fence(self, now: float) -> float | None:
+        """Stop scheduling for a weight swap: the step under way ends, no next one starts until
+        ``fenced`` is cleared. Returns the new end of a decode run cut short (None: unchanged)."""
+        self.fenced = True
+        if self.run is not None and self.run.k > 1:
+            return self._cut(now)
+        return None
 
     def finish(self, now: float) -> list[EngineRequest]:
         """The step under way ended at ``now``: apply it; returns the requests that finished."""

@@ -7,6 +7,10 @@ admission policy's ``tick`` runs every ``policy.tick_s`` (and its restore half, 
 a request ends, for policies that restore on release) and engine stats are fed through
 ``update_engine`` every ``poll_s``, as the gateway polls vLLM's ``/metrics``. Only the clock
 is fake, so a policy object behaves here exactly as it does behind the gateway.
+
+With the profile's cost sections (``sim.costs``), a request also queues for a gateway core on
+its way in and on its way back (``sim.gateway``), and each trainer step and publication takes
+its time, the engines fenced while they take the weights (``sim.trainer``).
 """
 
 from __future__ import annotations
@@ -21,17 +25,32 @@ from typing import Any
 
 from rollyard.core.clock import FakeClock
 from rollyard.core.errors import ConfigError
-from rollyard.rl.buffer import WindowedFifo
-from rollyard.sched import Move, Pause, Policy, Restore, Scheduler, Start
+from rollyard.sched import Move, Policy, Scheduler, Start
 from rollyard.sim.engine import EngineRequest, SimEngine
+from rollyard.sim.gateway import GatewayQueue
+from rollyard.sim.periodic import (
+    ARRIVE,
+    FAIL,
+    FENCE,
+    GATEWAY,
+    KICK,
+    POLL,
+    PUBLISHED,
+    RECOVER,
+    STEP,
+    SUBMIT,
+    TICK,
+    TRAINED,
+    PeriodicWork,
+)
 from rollyard.sim.profile import EngineProfile
 from rollyard.sim.result import SimResult
 from rollyard.sim.stats import SimStats
+from rollyard.sim.trainer import SimTrainer
 from rollyard.sim.workload import ProgramPlan, RLMode, Workload
 
 __all__ = ["Simulation"]
 
-STEP, SUBMIT, TICK, POLL, FAIL, RECOVER, TRAINED, ARRIVE, KICK = range(9)
 STALL_S = 86400.0  # simulated time with only polls and ticks after which a run is declared stuck
 
 
@@ -48,7 +67,7 @@ class _Program:
     ask: tuple[int, int] = (0, 0)  # the request in flight: (prompt tokens, max tokens)
 
 
-class Simulation:
+class Simulation(PeriodicWork):
     def __init__(
         self,
         workload: Workload,
@@ -95,11 +114,10 @@ class Simulation:
         self._live = 0  # programs started and not finished
         self._done = 0
         self._total = len(plans)
-        self.buffer = WindowedFifo(workload.rl.buffer, self.clock)
-        self._version = 0
-        self._training = False
-        self._batch_units: set[str] = set()
-        self._idle_since = 0.0
+        self.trainer = SimTrainer(
+            workload.rl, profile, self.clock, self.stats, lambda s: self._at(self.clock.now() + s, TRAINED)
+        )
+        self.gateway = GatewayQueue(profile.gateway) if profile.gateway else None
         self._step_groups: set[str] = set()
         self._prefill_seen: dict[str, tuple[int, float]] = {}  # sync mode: the groups of the step under way
 
@@ -119,7 +137,7 @@ class Simulation:
         events, progress = 0, 0.0
         while self._heap and self._done < self._total:
             t, _, kind, a, b = heapq.heappop(self._heap)
-            self.clock.advance(t - self.clock.now())
+            self.clock.advance(max(0.0, t - self.clock.now()))  # now + (t - now) can pass t by an ulp
             events += 1
             if kind not in (POLL, TICK):
                 progress = t
@@ -130,7 +148,7 @@ class Simulation:
                     continue  # nothing ended: no start can have become possible
                 self._admit_if_due()  # as the gateway's EnginePool.release / forget do
             elif kind == SUBMIT:
-                self._submit(a)
+                self._request(a)
             elif kind == TICK:
                 self._on_tick()
             elif kind == POLL:
@@ -141,6 +159,12 @@ class Simulation:
                 self._on_recover(a)
             elif kind == TRAINED:
                 self._on_trained()
+            elif kind == FENCE:
+                self._on_fence()
+            elif kind == PUBLISHED:
+                self._on_published()
+            elif kind == GATEWAY:
+                self._on_gateway(a, b)
             elif kind == ARRIVE:
                 self._arrive(a, b)
                 continue
@@ -152,6 +176,8 @@ class Simulation:
             raise RuntimeError(f"simulation stalled with {self._total - self._done} programs unfinished")
         makespan = self.clock.now()
         summary = self.stats.summary(makespan, list(self.engines.values()))
+        if self.gateway is not None:
+            summary |= self.gateway.summary(makespan)
         summary["events"] = events
         summary["wall_s"] = time.perf_counter() - wall
         return SimResult(
@@ -175,7 +201,7 @@ class Simulation:
         """Start groups: while the concurrency allows (serving, async RL), or a step's worth (sync)."""
         w = self.workload
         if w.rl.mode is RLMode.SYNC:
-            if self._step_groups or self._training:
+            if self._step_groups or self.trainer.busy:
                 return
             for _ in range(min(w.rl.batch_groups, len(self._pending))):
                 group = self._pending.popleft()
@@ -193,13 +219,48 @@ class Simulation:
             self._programs[plan.id] = _Program(plan, started=now)
             self.sched.register(plan.id, plan.group_id, plan.group_size, plan.turns[0].prompt_tokens)
             if self.workload.rl.mode is not RLMode.NONE:
-                self.buffer.submit(
-                    plan.id, group_id=plan.group_id, group_size=plan.group_size, policy_version=self._version
+                version = self.trainer.version
+                self.trainer.buffer.submit(
+                    plan.id, group_id=plan.group_id, group_size=plan.group_size, policy_version=version
                 )
             if plan.start_s > now:  # a live trace's program whose first request came later
                 self._at(plan.start_s, SUBMIT, plan.id)
             else:
-                self._submit(plan.id)
+                self._request(plan.id)
+
+    def _request(self, pid: str) -> None:
+        """The client sends its turn (or retries it): through a gateway core when the gateway
+        costs CPU, then to the scheduler."""
+        p = self._programs[pid]
+        if p.turn_out:  # a divided turn's lost chunk: the gateway retries it itself
+            self._submit(pid)
+            return
+        p.submitted = self.clock.now()
+        if self.gateway is None:
+            self._submit(pid)
+            return
+        prompt = p.plan.turns[p.turn].prompt_tokens
+        self._via_gateway(pid, self.gateway.cost.in_s(prompt), ("in", pid))
+
+    def _via_gateway(self, pid: str, service_s: float, job: tuple[str, str]) -> None:
+        assert self.gateway is not None
+        shard = self.gateway.shard_of(pid)
+        end = self.gateway.offer(shard, self.clock.now(), service_s, job)
+        if end is not None:
+            self._at(end, GATEWAY, shard, job)
+
+    def _on_gateway(self, shard: int, job: tuple[str, str]) -> None:
+        """A gateway core finished a job: the request goes on (to the scheduler, or to its
+        client), and the core takes the shard's next waiting job."""
+        assert self.gateway is not None
+        nxt = self.gateway.release(shard, self.clock.now())
+        if nxt is not None:
+            self._at(nxt[0], GATEWAY, shard, nxt[1])
+        way, pid = job
+        if way == "in":
+            self._submit(pid)
+        else:
+            self._answered(self._programs[pid], self.clock.now())
 
     def _submit(self, pid: str) -> None:
         """Submit the program's next request: its turn, or under divided rollout (``divide_tokens``,
@@ -207,8 +268,6 @@ class Simulation:
         p = self._programs[pid]
         turn = p.plan.turns[p.turn]
         rid = f"{pid}.{p.turn}.{p.chunk}.{p.attempt}"
-        if p.turn_out == 0:
-            p.submitted = self.clock.now()
         left = turn.output_tokens - p.turn_out
         divide = self.workload.divide_tokens
         p.ask = (turn.prompt_tokens + p.turn_out, min(left, divide) if divide else left)
@@ -283,11 +342,19 @@ class Simulation:
             return
         self.sched.complete(r.request_id, p.turn_out)
         self.sched.observe(r.program_id, context_tokens=turn.prompt_tokens + p.turn_out)
+        if self.gateway is None:
+            self._answered(p, now)
+        else:  # the answer passes a gateway core on its way back to the client
+            self._via_gateway(r.program_id, self.gateway.cost.out_s(p.turn_out), ("out", r.program_id))
+
+    def _answered(self, p: _Program, now: float) -> None:
+        """The turn's answer reached its client: the tool call, then the next turn, or the end."""
+        turn = p.plan.turns[p.turn]
         self.stats.request_latency.append(now - p.submitted)
         p.turn += 1
         p.turn_out = p.chunk = 0
         if p.turn < len(p.plan.turns):
-            self._at(now + turn.tool_s, SUBMIT, r.program_id)
+            self._at(now + turn.tool_s, SUBMIT, p.plan.id)
             return
         self._program_done(p, now)
 
@@ -299,7 +366,10 @@ class Simulation:
         self.stats.program_end.append(now)
         mode = self.workload.rl.mode
         if mode is not RLMode.NONE:
-            self.buffer.complete(p.plan.id, length=p.outputs)
+            last = p.plan.turns[-1]
+            unit = p.plan.group_id if p.plan.group_size > 1 else p.plan.id
+            task = p.plan.turns[0].prompt_tokens if p.plan.group_size > 1 else 0
+            self.trainer.finished(p.plan.id, unit, task, last.prompt_tokens + last.output_tokens)
         if mode is RLMode.SYNC:
             gid = p.plan.group_id
             if gid in self._step_groups and not any(
@@ -311,102 +381,32 @@ class Simulation:
             self._train()
         self._launch()
 
-    # ---- the trainer -------------------------------------------------------------------------
+    # ---- the trainer and publication -------------------------------------------------------------
     def _train(self) -> None:
-        """Take finished groups through the buffer; train once a batch is full (or, in sync
-        mode, once the step's groups are all in)."""
-        if self._training:
-            return
-        rl = self.workload.rl
-        got = self.buffer.release(self._version, rl.batch_groups)
-        for item in got.items:
-            self._batch_units.add(item.group_id or item.item_id)
-            self.stats.staleness.append(item.staleness)
-        self.stats.dropped += len(got.dropped)
-        if not self._batch_units:
-            return
-        step_over = rl.mode is RLMode.SYNC and not self._step_groups
-        full = len(self._batch_units) >= rl.batch_groups
-        if full or step_over or self._done >= self._total:
-            now = self.clock.now()
-            self.stats.trainer_idle_s += now - self._idle_since
-            self._training = True
-            self._batch_units = set()
-            self._at(now + rl.train_s, TRAINED)
+        step_over = not self._step_groups
+        self.trainer.take(step_over, self._done >= self._total)
 
     def _on_trained(self) -> None:
-        self._training = False
-        self._version += 1
-        self.stats.trainer_steps += 1
-        self._idle_since = self.clock.now()
+        """A step ended: stage the weights, then fence every engine while it takes them."""
+        stage, fence = self.trainer.publish_costs(len(self.engines))
+        now = self.clock.now()
+        if fence:
+            self._at(now + stage, FENCE)
+        self._at(now + stage + fence, PUBLISHED)
+
+    def _on_fence(self) -> None:
+        """Engines stop scheduling (the step under way ends first) until the weights are in."""
+        now = self.clock.now()
+        for e in self.engines.values():
+            end = e.fence(now)
+            if end is not None:
+                self._at(end, STEP, e.name, e.version)
+
+    def _on_published(self) -> None:
+        for e in self.engines.values():
+            if e.fenced:
+                e.fenced = False
+                self._kick(e)
+        self.trainer.published()
         self._train()
         self._launch()
-
-    # ---- the gateway's periodic work ---------------------------------------------------------
-    def _on_tick(self) -> None:
-        self._count(self.sched.tick())
-        assert self.policy.tick_s
-        self._at(self.clock.now() + self.policy.tick_s, TICK)
-
-    def _admit_if_due(self) -> None:
-        if self.sched.admission_due():
-            self._count(self.sched.admit())
-
-    def _count(self, decisions: list[Pause | Restore]) -> None:
-        now = self.clock.now()
-        for d in decisions:
-            if self.record:
-                self.decisions.append((now, d))
-            if isinstance(d, Pause):
-                self.stats.pauses += 1
-            elif isinstance(d, Restore):
-                self.stats.hold_s.append(d.held_s)
-
-    def _on_poll(self, next_at: float | None = None) -> None:
-        now = self.clock.now()
-        usages = []
-        for name, e in self.engines.items():
-            if e.healthy:
-                usages.append(e.kv.usage)
-                self.sched.update_engine(
-                    name, kv_usage=e.kv.usage, waiting=len(e.waiting), prefill_tok_s=self._prefill_rate(e)
-                )
-        paused = sum(1 for v in self.sched.state.programs.values() if v.paused)
-        mean = sum(usages) / len(usages) if usages else 0.0
-        self.stats.series.append(
-            (now, mean, max(usages, default=0.0), self._live - paused, paused, self.stats.output_tokens)
-        )
-        self._at(next_at if next_at is not None else now + self.workload.poll_s, POLL)
-
-    def _prefill_rate(self, e: SimEngine) -> float | None:
-        """Prefill tokens/s since the last poll, smoothed as ``EnginePool._prefill_rate`` does."""
-        before = self._prefill_seen.get(e.name)
-        self._prefill_seen[e.name] = (e.prefill_done, e.prefill_s)
-        if before is None or e.prefill_s <= before[1] or e.prefill_done <= before[0]:
-            return None
-        sample = (e.prefill_done - before[0]) / (e.prefill_s - before[1])
-        old = self.sched.state.engines[e.name].prefill_tok_s
-        return sample if old <= 0 else 0.7 * old + 0.3 * sample
-
-    def _on_fail(self, name: str, down_s: float) -> None:
-        """An engine dies: its requests error out, the clients retry, the scheduler re-routes."""
-        now = self.clock.now()
-        engine = self.engines[name]
-        self._lost(engine, engine.fail())
-        self.sched.update_engine(name, healthy=False)
-        if math.isfinite(down_s):
-            self._at(now + down_s, RECOVER, name)
-
-    def _lost(self, engine: SimEngine, requests: list[EngineRequest]) -> None:
-        """Requests that died with their engine: errors to their clients, which retry."""
-        now = self.clock.now()
-        for r in requests:
-            self._running.pop(r.request_id, None)
-            self.sched.complete(r.request_id)
-            self.stats.failed_requests += 1
-            self._programs[r.program_id].attempt += 1
-            self._at(now + self.workload.retry_s, SUBMIT, r.program_id)
-
-    def _on_recover(self, name: str) -> None:
-        self.engines[name].healthy = True
-        self.sched.update_engine(name, healthy=True, kv_usage=0.0)

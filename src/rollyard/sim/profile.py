@@ -12,7 +12,8 @@ reading one cached token when a decoding request attends over its context (``dec
 the sum of those contexts: memory-bound on a GPU), ``prefill_attn_s`` the cost of one
 (new token, earlier token) pair inside a prefill chunk (compute-bound). ``rollyard sim
 calibrate`` fits these to a real engine; the GPU profiles shipped beside this file are derived
-from published hardware numbers.
+from published hardware numbers. The optional ``gateway``, ``trainer`` and ``publish``
+sections charge the rest of a run (``sim.costs``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,23 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollyard.core.errors import ConfigError
+from rollyard.sim.costs import GatewayCost, PublishCost, TrainerCost
 
-__all__ = ["EngineProfile", "load_profile", "profile_names", "save_profile"]
+__all__ = [
+    "EngineProfile",
+    "load_gateway",
+    "load_profile",
+    "profile_names",
+    "save_profile",
+    "write_text",
+    "write_yaml",
+]
 
 
 class EngineProfile(BaseModel):
@@ -45,6 +56,11 @@ class EngineProfile(BaseModel):
     max_num_seqs: int = Field(default=256, ge=1)  # vLLM's running-batch limit
     max_batched_tokens: int = Field(default=8192, ge=1)  # tokens per step (chunked prefill budget)
     max_model_len: int = Field(default=32768, ge=16)
+    tensor_parallel: int = Field(default=1, ge=1)  # GPUs per engine (what a GPU count buys in engines)
+    # What a cluster run pays beside the engines (``sim.costs``); absent: free, as before.
+    gateway: GatewayCost | None = None
+    trainer: TrainerCost | None = None
+    publish: PublishCost | None = None
 
     @model_validator(mode="after")
     def _fits(self) -> EngineProfile:
@@ -67,6 +83,30 @@ class EngineProfile(BaseModel):
             )
         except ValidationError as e:
             raise ConfigError(f"--kv-tokens {tokens}: {e.errors()[0]['msg']}") from None
+
+    def with_costs(
+        self,
+        *,
+        gateway: GatewayCost | None = None,
+        shards: int | None = None,
+        publish_mode: str | None = None,
+    ) -> EngineProfile:
+        """The same engine with another gateway cost, shard count or publish mode (CLI overrides)."""
+        data = self.model_dump()
+        if gateway is not None:
+            data["gateway"] = gateway.model_dump()
+        if shards is not None:
+            if data["gateway"] is None:
+                raise ConfigError(f"profile {self.name} has no gateway cost to shard (--gateway-cost FILE)")
+            data["gateway"]["shards"] = shards
+        if publish_mode is not None:
+            if data["publish"] is None:
+                raise ConfigError(f"profile {self.name} has no publish section to set the mode of")
+            data["publish"]["mode"] = publish_mode
+        try:
+            return EngineProfile.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"profile {self.name}: {e.errors()[0]['msg']}") from None
 
     def step_s(self, tokens: int, seqs: int, decode_ctx: float = 0.0, prefill_pairs: float = 0.0) -> float:
         return (
@@ -105,9 +145,29 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
 
 def save_profile(profile: EngineProfile, path: Path, comment: str = "") -> None:
     """Write the profile as YAML, atomically (a half-written profile never exists)."""
+    write_yaml(path, profile.model_dump(mode="json", exclude_none=True), comment)
+
+
+def write_yaml(path: Path, data: dict[str, Any], comment: str = "") -> None:
+    """``data`` as YAML under ``comment`` lines, written then renamed into place."""
     head = "".join(f"# {line}\n" for line in comment.splitlines())
-    text = head + yaml.safe_dump(profile.model_dump(), sort_keys=False)
+    write_text(path, head + yaml.safe_dump(data, sort_keys=False))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write then rename: a reader never meets a half-written file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def load_gateway(path: str | Path) -> GatewayCost:
+    """A gateway cost YAML (``rollyard sim calibrate --gateway`` writes one)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"gateway cost file {p} does not exist")
+    try:
+        return GatewayCost.model_validate(yaml.safe_load(p.read_text()))
+    except (ValidationError, yaml.YAMLError, TypeError) as e:
+        raise ConfigError(f"gateway cost file {p} is invalid: {e}") from None

@@ -26,6 +26,12 @@ TABLE_KEYS = (
     "prefix_hit_rate",
     "pauses",
     "hold_p99_s",
+    "gateway_util",
+    "gateway_wait_p99_s",
+    "trainer_idle",
+    "train_step_s",
+    "publish_share",
+    "staleness_mean",
     "wall_s",
 )
 

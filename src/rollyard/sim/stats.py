@@ -39,6 +39,12 @@ class SimStats:
     trainer_idle_s: float = 0.0
     staleness: list[int] = field(default_factory=list)
     dropped: int = 0
+    trainer_started: int = 0  # steps begun (the last may still run when the programs end)
+    trained_tokens: int = 0  # tree-merged tokens the trainer stepped on
+    train_s: float = 0.0  # seconds the trainer spent stepping
+    publish_s: float = 0.0  # seconds spent publishing (staging and fence)
+    fence_s: float = 0.0  # of which every engine stood fenced
+    publishes: int = 0
 
     def summary(self, makespan_s: float, engines: list[Any]) -> dict[str, Any]:
         prompt = sum(e.prompt_tokens for e in engines)
@@ -67,9 +73,16 @@ class SimStats:
             "moves": self.moves,
             "failed_requests": self.failed_requests,
         }
-        if self.trainer_steps:
+        if self.trainer_started:
             out["trainer_steps"] = self.trainer_steps
             out["trainer_idle"] = self.trainer_idle_s / makespan_s if makespan_s else 0.0
             out["staleness_mean"] = statistics.fmean(self.staleness) if self.staleness else 0.0
             out["dropped"] = self.dropped
+            train = self.train_s / self.trainer_started
+            publish = self.publish_s / self.publishes if self.publishes else 0.0
+            out["train_step_s"] = train
+            out["publish_step_s"] = publish
+            out["publish_share"] = publish / (train + publish) if train + publish else 0.0  # of a step
+            out["fence_share"] = self.fence_s / makespan_s if makespan_s else 0.0  # of the run: fenced
+            out["trained_tok_s"] = self.trained_tokens / makespan_s if makespan_s else 0.0
         return out
