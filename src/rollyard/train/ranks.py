@@ -85,7 +85,9 @@ def _worker(
     """A rank > 0: the same trainer, fed the same commands; answers each with its weights' digest."""
     torch.set_num_threads(1)
     _init(rank, world, port, backend)
-    trainer = Trainer(make_model(), TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True))
+    trainer = Trainer(
+        make_model(), TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True)
+    )
     try:
         while True:
             cmd, arg = pipe.recv()

@@ -98,9 +98,12 @@ class Trainer:
         self.device = rank_device()
         check_dtype(config.dtype, self.device)
         if config.dtype == "bf16" and not self.parallel.group:
-            raise ConfigError("trainer.dtype: bf16 runs through FSDP2 mixed precision: it needs a process group")
+            raise ConfigError(
+                "trainer.dtype: bf16 runs through FSDP2 mixed precision: it needs a process group"
+            )
         # what a published copy of the weights is built as (FSDP2 renames the wrapped class)
-        self._plain = (type(model), model.config, getattr(model, "generation_config", None))  # type: ignore[union-attr]
+        gen = getattr(model, "generation_config", None)
+        self._plain = (type(model), model.config, gen)  # type: ignore[union-attr]
         model.to(self.device)
         self.impl = choose_attention(self.device, config.attention)
         set_attention(model, self.impl)
@@ -172,10 +175,10 @@ class Trainer:
         if self.config.loss.kind == "ipa":
             keys += IPA_METRICS
         sums = self.parallel.sum_floats(
-            [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged)]
+            [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged), float(idle)]
             + [res.metrics.get(k, 0.0) * weight for k in keys]
         )
-        loss, nonfinite, forwarded_all, unmerged_all = sums[:4]
+        loss, nonfinite, forwarded_all, unmerged_all, idle_all = sums[:5]
         grad_norm = float(_full(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)))
         skipped = nonfinite > 0 or not math.isfinite(loss) or not math.isfinite(grad_norm)
         if skipped:
@@ -199,7 +202,9 @@ class Trainer:
             "seconds": seconds,
             "trainable_params": float(self.trainable),
         }
-        metrics.update({k: v / tokens for k, v in zip(keys, sums[4:], strict=True)})
+        if self.parallel.group:
+            metrics["idle_passes"] = idle_all  # zero-gradient passes that kept ranks in step
+        metrics.update({k: v / tokens for k, v in zip(keys, sums[5:], strict=True)})
         metrics["kl"] = metrics.pop("approx_kl")
         if "mismatch_max" in metrics:  # a weighted mean of maxima is not a maximum; say what it is
             metrics["mismatch_max_mean"] = metrics.pop("mismatch_max")
