@@ -45,7 +45,7 @@ async def test_the_full_config_runs_every_mechanism(
     assert total["count_context_rewrites"] > 0  # CM fired (and the gateway cut a segment)
     assert "count_test_access" in last and "count_masked_samples" in last  # monitored, masks applied
     assert last["judge_calls"] >= 2 * cfg.run.groups_per_step * cfg.run.group_size  # judged, via the gateway
-    assert all(r["train_ranks"] == 2 and r["train_ranks_in_sync"] == 1.0 for r in rows)  # 2 DDP ranks
+    assert all(r["train_ranks"] == 2 for r in rows)  # 2 FSDP2 ranks (full.yaml: world_size 2)
     # IPA measured the train/inference gap, and masked: the forced tool calls are sampled from the
     # grammar-constrained distribution, nats away from the unconstrained policy the trainer computes.
     assert all(r["train_mismatch_mean"] > 0 and r["train_chunk_mask_frac"] > 0 for r in rows)

@@ -29,7 +29,7 @@ def _cli(*args: str) -> list[str]:
 def test_a_killed_run_resumes_with_no_lost_or_duplicated_group(
     tmp_path: Path, make_config: Callable[..., Config]
 ) -> None:
-    cfg = make_config(**{"run.steps": STEPS})
+    cfg = make_config(**{"run.steps": STEPS, "run.checkpoint_every": 1})  # resume from a checkpoint
     path = tmp_path / "run.yaml"
     path.write_text(dump_config(cfg))
     run = RunDir(tmp_path / "run")

@@ -222,7 +222,7 @@ class TrainerConfig(TrainConfig):
     advantages: AdvantageConfig = Field(default_factory=AdvantageConfig)
     masks: StabilityMasks = Field(default_factory=StabilityMasks)  # samples left out of the loss
     threads: int = Field(default=2, ge=1)  # torch intra-op threads
-    world_size: int = Field(default=1, ge=1)  # data-parallel trainer ranks (gloo on CPU, nccl on GPU)
+    world_size: int = Field(default=1, ge=1)  # FSDP2 trainer ranks (gloo on CPU, nccl on GPU)
 
     def train_config(self) -> TrainConfig:
         local = {"advantages", "masks", "threads", "world_size"}
@@ -259,7 +259,9 @@ class RunConfig(_Section):
     max_groups_in_flight: int = Field(default=8, ge=1)
     max_programs: int = Field(default=24, ge=1)  # programs running at once (train + held-out)
     seed: int = 0
-    checkpoint_every: int = Field(default=1, ge=1)
+    # steps between sharded checkpoints (always after the last); each is a collective write of
+    # model and optimizer, so not every step. Resuming replays at most this many steps.
+    checkpoint_every: int = Field(default=10, ge=1)
     keep_weights: int = Field(default=2, ge=1)
     progress: bool = True
     # experiment trackers beside RUN_DIR/metrics.jsonl (always written): tensorboard, wandb (offline

@@ -69,16 +69,31 @@ def _execute(cfg: Config, run: RunDir, resume: bool) -> dict[str, Any]:
         return guard.run(train(cfg, run, resume=resume, progress=progress if cfg.run.progress else None))
 
 
+# What a resumed run may change: where and how long it trains, not what (the checkpoint is
+# sharded by parameter name, so it loads at any world size).
+RESUME_KEYS = {
+    "run.steps",
+    "run.progress",
+    "trainer.world_size",
+    "trainer.parallel.kind",
+    "trainer.activation_checkpointing",
+    "trainer.threads",
+}
+
+
 def run_training(
     config: Path | None, run_dir: Path | None, resume: Path | None, ray: str | None, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """``rollyard train``: a new run from CONFIG, or ``--resume RUN_DIR`` with its saved config."""
     if resume is not None:
         run = RunDir(resume)
-        cfg = run.load_config()
-        if overrides or ray:
-            raise ConfigError("--resume continues the saved config; --set and --ray are not allowed with it")
-        return _execute(cfg, run, True)
+        other = sorted(set(overrides) - RESUME_KEYS)
+        if other or ray:
+            raise ConfigError(
+                "--resume continues the saved config; --set may change only "
+                f"{', '.join(sorted(RESUME_KEYS))} (not {', '.join(other) or '--ray'})"
+            )
+        return _execute(run.load_config(overrides), run, True)
     if config is None:
         raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR)")
     if ray:

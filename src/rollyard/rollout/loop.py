@@ -189,7 +189,7 @@ class TrainingLoop:
             row.update(await self._evaluate(f"step{self.s.step}"))
         self._append(row)
         if self.s.step % self.cfg.run.checkpoint_every == 0 or last_step:
-            self.save()
+            await self.save()
         return row
 
     async def _publish(self, groups: list[GroupRecord]) -> None:
@@ -261,9 +261,10 @@ class TrainingLoop:
         j = self.svc.judge
         return {} if j is None else {"judge_calls": j.calls, "judge_unreadable": j.unreadable}
 
-    def save(self) -> None:
+    async def save(self) -> None:
+        """Checkpoint in a thread, as a train step runs: the gateway's loop keeps serving."""
         extra = {"ledger": self.s.ledger.state_dict(), "version": self.s.version, "step": self.s.step}
-        self.trainer.save(self.run_dir.checkpoint, extra_state=extra)
+        await in_daemon_thread(self.trainer.save, self.run_dir.checkpoint, extra_state=extra)
 
     async def _evaluate(self, tag: str) -> dict[str, Any]:
         e = self.cfg.eval

@@ -32,15 +32,17 @@ log = logging.getLogger(__name__)
 
 
 def load_policy(model_dir: Path) -> Any:
-    """The policy model in fp32 (a module-level function: spawned trainer ranks call it too)."""
+    """Any causal LM transformers loads, in fp32 on the CPU; the trainer moves it to its rank's
+    device (a module-level function: spawned trainer ranks call it too)."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    return LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
 def build_trainer(cfg: Config, model_dir: Path) -> Any:
-    """One trainer, or ``trainer.world_size`` data-parallel ranks behind the same face."""
+    """One trainer, or ``trainer.world_size`` FSDP2 ranks behind the same face (also one rank in
+    a process group for bf16, which runs through FSDP2's mixed precision)."""
     import torch
 
     from rollyard.train.trainer import Trainer
@@ -50,7 +52,7 @@ def build_trainer(cfg: Config, model_dir: Path) -> Any:
     # The trainer's distribution is the sampled one: logits / run.temperature (engines record
     # logprobs of that same distribution, ``--logprobs-mode processed_logprobs``).
     train_cfg = cfg.trainer.train_config().model_copy(update={"temperature": max(cfg.run.temperature, 1e-3)})
-    if cfg.trainer.world_size > 1:
+    if cfg.trainer.world_size > 1 or cfg.trainer.dtype == "bf16":
         from rollyard.train.ranks import RankGroup
 
         return RankGroup(functools.partial(load_policy, model_dir), train_cfg, cfg.trainer.world_size)

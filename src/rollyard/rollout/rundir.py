@@ -63,10 +63,10 @@ class RunDir:
             d.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config, dump_config(cfg))
 
-    def load_config(self) -> Config:
+    def load_config(self, overrides: dict[str, Any] | None = None) -> Config:
         if not self.config.is_file():
             raise ConfigError(f"{self.root} is not a run directory (no config.yaml)")
-        return load_config(self.config)
+        return load_config(self.config, overrides)
 
     def has_checkpoint(self) -> bool:
         return (self.checkpoint / "trainer.json").is_file()

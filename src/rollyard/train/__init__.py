@@ -7,7 +7,7 @@ from rollyard.train.attention import (
     set_attention,
     tree_mask,
 )
-from rollyard.train.checkpoint import load_checkpoint, save_checkpoint, save_weights
+from rollyard.train.checkpoint import load_checkpoint, save_weights
 from rollyard.train.distributed import DataParallel
 from rollyard.train.logprobs import sample_logprobs
 from rollyard.train.models import build_model, model_config_for, model_sizes
@@ -35,7 +35,6 @@ __all__ = [
     "model_sizes",
     "pack_samples",
     "sample_logprobs",
-    "save_checkpoint",
     "save_weights",
     "set_attention",
     "tree_mask",

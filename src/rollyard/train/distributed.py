@@ -1,10 +1,8 @@
-"""Data parallel over torch.distributed: each rank trains its shard, gradients are summed once per step.
+"""Data parallel over torch.distributed: which shard of the batch a rank trains, and the few
+scalars ranks agree on (batch totals, metrics, the number of passes).
 
-We all-reduce the accumulated gradients ourselves instead of wrapping the model in DDP: with tree
-packing, ranks hold different numbers of micro-batches, and DDP's per-backward hooks (or
-``no_sync`` bookkeeping) would then need every rank to run the same number of backward passes.
-One flat all-reduce after accumulation is the same arithmetic as DDP with ``no_sync`` and cannot
-deadlock on uneven shards. Losses are already weighted by global totals, so a SUM is exact.
+Gradients are not moved here: FSDP2 (``train/sharding.py``) reduces them in every backward.
+Losses are weighted by the global batch's totals, so those reductions are sums.
 """
 
 from __future__ import annotations
@@ -41,15 +39,19 @@ def leave_group(timeout_s: float = 30.0) -> None:
 
 @dataclass(frozen=True)
 class DataParallel:
-    """This process's place in the group; ``world == 1`` means no communication at all."""
+    """This process's place in the group; ``world == 1`` means no communication at all.
+
+    ``group``: a process group is up, so the trainer wraps its model with FSDP2 (even at one
+    rank, where that is how bf16 mixed precision runs)."""
 
     rank: int = 0
     world: int = 1
+    group: bool = False
 
     @staticmethod
     def from_env() -> DataParallel:
         if dist.is_available() and dist.is_initialized():
-            return DataParallel(rank=dist.get_rank(), world=dist.get_world_size())
+            return DataParallel(rank=dist.get_rank(), world=dist.get_world_size(), group=True)
         return DataParallel()
 
     @property
@@ -65,29 +67,21 @@ class DataParallel:
     def sum_floats(self, values: list[float]) -> list[float]:
         if not self.active:
             return values
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
-    def sum_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient over ranks (missing gradients count as zeros)."""
+    def max_int(self, value: int) -> int:
+        """The largest ``value`` over ranks (how many passes the busiest rank runs)."""
         if not self.active:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
-            offset += n
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
-    def broadcast_params(self, module: torch.nn.Module) -> None:
-        """Start every rank from rank 0's weights."""
-        if not self.active:
-            return
-        with torch.no_grad():
-            for t in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(t, src=0)
+
+def _comm_device() -> torch.device:
+    """nccl reduces only CUDA tensors; gloo takes CPU ones."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -50,11 +50,11 @@ def model_config_for(size: str, **overrides: Any) -> Any:
 
 
 def build_model(size: str, *, seed: int = 0, attn: str = "sdpa", **overrides: Any) -> Any:
-    """A randomly initialised fp32 ``LlamaForCausalLM`` of a named size, deterministic in ``seed``."""
+    """A randomly initialised fp32 causal LM of a named size, deterministic in ``seed``."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     config = model_config_for(size, **overrides)
     config._attn_implementation = attn
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).to(torch.float32)
+    return AutoModelForCausalLM.from_config(config).to(torch.float32)

@@ -2,16 +2,21 @@
 
 ``trainer.world_size: N`` makes ``rollyard train`` build a ``RankGroup`` instead of a single
 ``Trainer``; it has the same face (``model``, ``train_step``, ``save``, ``load``), so the loop does
-not know. Each step every rank gets the whole batch over a pipe and trains its contiguous shard
-(``DataParallel.shard``); gradients are summed with torch.distributed (gloo on CPU, nccl when the
-model is on a GPU), so every rank applies the same update. After each step the workers report a
-checksum of their weights and rank 0 checks it against its own: the weights it publishes are
-every rank's weights, or the step fails loudly.
+not know. Each rank's model is wrapped by FSDP2 (``train/sharding.py``; gloo on CPU, nccl on
+GPUs). Every command that runs collectives (a step, a checkpoint save or load, gathering the
+weights to publish) is sent to the workers first, then rank 0 does its own part, then the
+workers' answers are read: all ranks meet in the same collectives in the same order.
+
+``model`` is what gets published: the full weights gathered on rank 0 after each step (a plain
+CPU model; with FSDP2 no rank holds them otherwise). With ``parallel.kind: replicate`` every rank
+holds whole weights, and the workers' checksums are compared with rank 0's after every step.
+A world of one is allowed: a one-rank group, which is how bf16 mixed precision runs on one GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import multiprocessing as mp
@@ -26,7 +31,9 @@ import torch.distributed as dist
 from rollyard.core.errors import TrainError
 from rollyard.core.net import free_port
 from rollyard.core.sample import Sample
+from rollyard.train.checkpoint import stage_dir
 from rollyard.train.distributed import DataParallel, leave_group
+from rollyard.train.sharding import local
 from rollyard.train.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -35,17 +42,35 @@ ModelFactory = Callable[[], torch.nn.Module]
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """A checksum of every parameter's bytes (the same weights give the same digest)."""
+    """A checksum of every parameter's bytes on this rank (its shards under FSDP2)."""
     h = hashlib.sha256()
     for name, p in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        h.update(local(p).detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
 def _init(rank: int, world: int, port: int, backend: str) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _serve(trainer: Trainer, cmd: str, arg: Any) -> None:
+    """A worker's part of one command (the same calls, in the same order, as rank 0's)."""
+    if cmd == "step":
+        trainer.train_step(trainer.parallel.shard([Sample.model_validate(s) for s in arg]))
+        trainer.weights()
+    elif cmd == "save":
+        trainer.write_shards(Path(arg))
+    elif cmd == "load":
+        trainer.load(arg)
+        trainer.weights()
+    elif cmd == "gather":
+        trainer.weights()
+    else:
+        raise TrainError(f"unknown rank command {cmd!r}")
 
 
 def _worker(
@@ -57,21 +82,19 @@ def _worker(
     config: dict[str, Any],
     pipe: Any,
 ) -> None:
-    """A rank > 0: the same trainer, fed the same batches; answers each with its weights' digest."""
+    """A rank > 0: the same trainer, fed the same commands; answers each with its weights' digest."""
     torch.set_num_threads(1)
     _init(rank, world, port, backend)
-    trainer = Trainer(make_model(), TrainConfig.model_validate(config), parallel=DataParallel(rank, world))
+    trainer = Trainer(
+        make_model(), TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True)
+    )
     try:
         while True:
             cmd, arg = pipe.recv()
             if cmd == "stop":
                 break
             try:
-                if cmd == "step":
-                    samples = [Sample.model_validate(s) for s in arg]
-                    trainer.train_step(trainer.parallel.shard(samples))
-                elif cmd == "load":
-                    trainer.load(arg)
+                _serve(trainer, cmd, arg)
                 pipe.send(("ok", weights_digest(trainer.model)))
             except Exception as e:  # reported to rank 0, which raises it
                 pipe.send(("error", f"{type(e).__name__}: {e}"))
@@ -83,11 +106,11 @@ class RankGroup:
     """Rank 0's trainer plus the worker ranks; ``close`` stops them."""
 
     def __init__(self, make_model: ModelFactory, config: TrainConfig, world: int) -> None:
-        if world < 2:
-            raise TrainError("a rank group needs world_size >= 2")
+        if world < 1:
+            raise TrainError("a rank group needs world_size >= 1")
         self.world = world
-        model = make_model()
-        backend = "nccl" if next(model.parameters()).is_cuda else "gloo"
+        self.config = config
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
         port = free_port()
         ctx = mp.get_context("spawn")
         self._pipes = []
@@ -100,42 +123,56 @@ class RankGroup:
             self._pipes.append(here)
             self._procs.append(proc)
         _init(0, world, port, backend)
-        self.trainer = Trainer(model, config, parallel=DataParallel(0, world))
-        log.info("trainer ranks up world=%d backend=%s", world, backend)
+        self.trainer = Trainer(make_model(), config, parallel=DataParallel(0, world, True))
+        self._published: Any = None  # the full weights of the last step or load
+        log.info("trainer ranks up world=%d backend=%s parallel=%s", world, backend, config.parallel.kind)
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.trainer.model
+        """The full weights to publish (gathered from every rank's shards)."""
+        if self._published is None:
+            self._run("gather", None, lambda: None)  # ``_run`` gathers after every command
+        return self._published
 
-    def _ask(self, cmd: str, arg: Any) -> list[str]:
+    def _run(self, cmd: str, arg: Any, mine: Callable[[], Any], *, compare: bool = False) -> Any:
+        """Workers first, then rank 0's ``mine``, then the workers' answers (errors raised here)."""
         for p in self._pipes:
             p.send((cmd, arg))
-        return [p.recv() for p in self._pipes]
-
-    def _check(self, answers: list[Any]) -> None:
+        result = mine()
+        if cmd != "save":  # the workers gather too (``_serve``)
+            self._published = self.trainer.weights()
+        answers = [p.recv() for p in self._pipes]
         errors = [a[1] for a in answers if a[0] == "error"]
         if errors:
             raise TrainError(f"a trainer rank failed: {errors[0]}")
-        mine = weights_digest(self.trainer.model)
-        if any(a[1] != mine for a in answers):
-            raise TrainError("trainer ranks disagree on the weights after the step")
+        if compare and self.replicated:
+            mine_digest = weights_digest(self.trainer.model)
+            if any(a[1] != mine_digest for a in answers):
+                raise TrainError("trainer ranks disagree on the weights after the step")
+        return result
+
+    @property
+    def replicated(self) -> bool:
+        """Every rank holds whole weights (``parallel.kind: replicate``), so their digests compare."""
+        return self.config.parallel.kind == "replicate"
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        self.trainer.check(samples)  # here, so no rank fails alone half-way into a collective
         batch = [s.model_dump(mode="json") for s in samples]
-        for p in self._pipes:
-            p.send(("step", batch))
-        metrics = self.trainer.train_step(self.trainer.parallel.shard(samples))
-        self._check([p.recv() for p in self._pipes])
+        step = functools.partial(self.trainer.train_step, self.trainer.parallel.shard(samples))
+        metrics: dict[str, float] = self._run("step", batch, step, compare=True)
         metrics["ranks"] = float(self.world)
-        metrics["ranks_in_sync"] = 1.0  # checked above: every rank holds the published weights
+        if self.replicated:
+            metrics["ranks_in_sync"] = 1.0  # checked above: every rank holds the published weights
         return metrics
 
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
-        return self.trainer.save(path, extra_state)
+        staged = stage_dir(Path(path))
+        self._run("save", str(staged), functools.partial(self.trainer.write_shards, staged))
+        return self.trainer.commit(staged, path, extra_state)
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        extra = self.trainer.load(path)
-        self._check(self._ask("load", str(path)))  # same weights and optimizer on every rank
+        extra: dict[str, Any] = self._run("load", str(path), functools.partial(self.trainer.load, path))
         return extra
 
     def close(self) -> None:

@@ -80,8 +80,8 @@ def forward_backward(
         t3 = clock()
         if not torch.isfinite(loss):
             result.finite = False
-        elif backward:
-            loss.backward()
+        if backward:  # a non-finite step still runs its backward: sharded ranks run as many (trainer.py)
+            (loss if result.finite else torch.cat(lps).sum() * 0.0).backward()
         t4 = clock()
         for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             result.phases[k] += dt

@@ -19,10 +19,21 @@ from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.errors import ConfigError, DataError
 from rollyard.core.sample import Sample
 from rollyard.train.attention import choose_attention, set_attention
-from rollyard.train.checkpoint import load_checkpoint, save_checkpoint
+from rollyard.train.checkpoint import commit_checkpoint, load_checkpoint, stage_dir, write_shards
 from rollyard.train.distributed import DataParallel
 from rollyard.train.objective import BatchTotals, CorrectionConfig, LossConfig
 from rollyard.train.packing import pack_samples
+from rollyard.train.sharding import (
+    Dtype,
+    ParallelConfig,
+    check_dtype,
+    decoder_layers,
+    full_weights,
+    is_sharded,
+    rank_device,
+    shard_model,
+    weights_view,
+)
 from rollyard.train.step import StepResult, forward_backward
 
 # Reported per step with the ipa loss: train/inference mismatch per chunk, and how much was masked.
@@ -55,6 +66,11 @@ class TrainConfig(BaseModel):
     # Train only the top N decoder layers and the final norm (embeddings, tied head and the layers
     # below frozen): no backward below them, ~2x cheaper steps for a pretrained model on a CPU.
     train_layers: int | None = Field(default=None, ge=1)
+    # fp32 everywhere, or bf16 compute over fp32 master weights (CUDA only; train/sharding.py)
+    dtype: Dtype = "fp32"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)  # FSDP2 sharding or replicas
+    # Recompute each decoder layer's activations in the backward instead of keeping them.
+    activation_checkpointing: bool = False
 
     @model_validator(mode="after")
     def _correction_fits(self) -> TrainConfig:
@@ -68,10 +84,10 @@ class TrainConfig(BaseModel):
 def freeze_below(model: torch.nn.Module, n: int) -> None:
     """Leave only the top ``n`` decoder layers and the final norm trainable (a transformers
     decoder-only LM: ``model.model.layers`` and ``model.model.norm``)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None or not hasattr(inner, "norm"):
-        raise ConfigError(f"train_layers needs a decoder LM with .model.layers, not {type(model).__name__}")
+    layers = decoder_layers(model)
+    inner = model.model
+    if not hasattr(inner, "norm"):
+        raise ConfigError(f"train_layers needs a decoder LM with .model.norm, not {type(model).__name__}")
     if n > len(layers):
         raise ConfigError(f"train_layers={n}, but the model has {len(layers)} layers")
     model.requires_grad_(False)
@@ -94,11 +110,24 @@ class Trainer:
         self.config = config
         self.clock = clock or SystemClock()
         self.parallel = parallel or DataParallel.from_env()
-        device = next(model.parameters()).device
-        self.impl = choose_attention(device, config.attention)
+        self.device = rank_device()
+        check_dtype(config.dtype, self.device)
+        if config.dtype == "bf16" and not self.parallel.group:
+            raise ConfigError(
+                "trainer.dtype: bf16 runs through FSDP2 mixed precision: it needs a process group"
+            )
+        # what a published copy of the weights is built as (FSDP2 renames the wrapped class)
+        gen = getattr(model, "generation_config", None)
+        self._plain = (type(model), model.config, gen)  # type: ignore[union-attr]
+        model.to(self.device)
+        self.impl = choose_attention(self.device, config.attention)
         set_attention(model, self.impl)
         if config.train_layers is not None:
             freeze_below(model, config.train_layers)
+        if config.activation_checkpointing:  # non-reentrant: the tree_plan kwarg reaches attention
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        if self.parallel.group:
+            shard_model(model, config.parallel.kind, config.dtype, self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.trainable = sum(p.numel() for p in self.params)
         self.optimizer = torch.optim.AdamW(
@@ -106,9 +135,9 @@ class Trainer:
         )
         self.step = 0  # applied optimizer steps
         self.skipped = 0  # steps skipped for a non-finite loss or gradient
-        self.parallel.broadcast_params(model)
 
-    def _check(self, samples: Sequence[Sample]) -> None:
+    def check(self, samples: Sequence[Sample]) -> None:
+        """Refuse token ids the model has no embedding for (before any rank starts the step)."""
         vocab = int(getattr(self.model.config, "vocab_size", 0))  # type: ignore[union-attr]
         for i, s in enumerate(samples):
             if vocab and max(s.token_ids) >= vocab:
@@ -116,7 +145,7 @@ class Trainer:
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step on this rank's share of the global batch; returns global metrics."""
-        self._check(samples)
+        self.check(samples)
         live = [s for s in samples if s.num_loss_tokens > 0]
         local = BatchTotals.of(live)
         tokens, n_live, n_empty = self.parallel.sum_floats(
@@ -129,14 +158,21 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         t0 = self.clock.now()
         res, forwarded, unmerged = StepResult(), 0, 0
-        if live:
-            packed = pack_samples(
+        packed = (
+            pack_samples(
                 live,
                 token_budget=self.config.token_budget,
                 max_tree_tokens=self.config.max_tree_tokens,
                 max_context=getattr(self.model.config, "max_position_embeddings", None),  # type: ignore[union-attr]
                 merge=self.config.merge,
             )
+            if live
+            else None
+        )
+        passes = len(packed.micro_batches) if packed else 0
+        # agreed before any forward: FSDP2's all-gathers start with the first one
+        idle = self.parallel.max_int(passes) - passes if self.parallel.group else 0
+        if packed:
             res = forward_backward(
                 self.model,
                 live,
@@ -150,7 +186,8 @@ class Trainer:
                 logits_chunk=self.config.logits_chunk,
             )
             forwarded, unmerged = packed.forwarded_tokens, packed.unmerged_tokens
-        self.parallel.sum_grads(self.params)
+        for _ in range(idle):
+            self._idle_pass()
         weight = float(local.tokens)
         keys = ("entropy", "clip_frac", "approx_kl", "kl_ref")
         if self.config.loss.kind == "ipa":
@@ -158,11 +195,11 @@ class Trainer:
         if self.config.loss.kind != "sft":
             keys += CORRECTION_METRICS
         sums = self.parallel.sum_floats(
-            [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged)]
+            [res.loss, 0.0 if res.finite else 1.0, float(forwarded), float(unmerged), float(idle)]
             + [res.metrics.get(k, 0.0) * weight for k in keys]
         )
-        loss, nonfinite, forwarded_all, unmerged_all = sums[:4]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm))
+        loss, nonfinite, forwarded_all, unmerged_all, idle_all = sums[:5]
+        grad_norm = float(_full(torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)))
         skipped = nonfinite > 0 or not math.isfinite(loss) or not math.isfinite(grad_norm)
         if skipped:
             self.optimizer.zero_grad(set_to_none=True)
@@ -185,19 +222,58 @@ class Trainer:
             "seconds": seconds,
             "trainable_params": float(self.trainable),
         }
-        metrics.update({k: v / tokens for k, v in zip(keys, sums[4:], strict=True)})
+        if self.parallel.group:
+            metrics["idle_passes"] = idle_all  # zero-gradient passes that kept ranks in step
+        metrics.update({k: v / tokens for k, v in zip(keys, sums[5:], strict=True)})
         metrics["kl"] = metrics.pop("approx_kl")
         if "mismatch_max" in metrics:  # a weighted mean of maxima is not a maximum; say what it is
             metrics["mismatch_max_mean"] = metrics.pop("mismatch_max")
         return metrics
 
+    def _idle_pass(self) -> None:
+        """A forward and backward whose loss is 0 x the logits: no gradient, same collectives.
+
+        Under FSDP2 every forward all-gathers each layer's weights and every backward
+        reduce-scatters its gradients, so all ranks must run as many passes, or the rank with
+        more micro-batches waits forever for the others. Tree packing gives ranks different
+        numbers of micro-batches (or none: a shard with no trained token), so ranks with fewer
+        pad with these two-token passes, which add exactly zero to the summed gradients."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=False)
+        (out.logits.float().sum() * 0.0).backward()
+
+    def weights(self) -> Any:
+        """The model to publish: this module, or under FSDP2 a plain CPU model of the gathered
+        full weights on rank 0 (``None`` on other ranks). Collective when sharded."""
+        if not is_sharded(self.model):
+            return self.model
+        full = full_weights(self.model)
+        return weights_view(*self._plain, full) if full else None
+
+    def write_shards(self, staged: Path) -> None:
+        """This rank's part of a checkpoint, into the staged directory. Collective."""
+        write_shards(staged, self.model, self.optimizer)
+
+    def commit(self, staged: Path, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
+        """Add counters, RNG and ``extra_state`` to a staged checkpoint and rename it into place."""
+        meta = {"step": self.step, "skipped": self.skipped, "config": self.config.model_dump(mode="json")}
+        return commit_checkpoint(staged, Path(path), meta, extra_state)
+
     def save(self, path: str | Path, extra_state: dict[str, Any] | None = None) -> Path:
         """Atomic checkpoint of everything a resumed run needs, plus the caller's ``extra_state``."""
-        meta = {"step": self.step, "skipped": self.skipped, "config": self.config.model_dump(mode="json")}
-        return save_checkpoint(path, self.model, self.optimizer, meta, extra_state)
+        staged = stage_dir(Path(path))
+        self.write_shards(staged)
+        return self.commit(staged, path, extra_state)
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Resume from ``path``; returns the ``extra_state`` saved with it."""
+        """Resume from ``path`` (saved at any world size); returns its ``extra_state``. Collective."""
         meta, extra = load_checkpoint(path, self.model, self.optimizer)
         self.step, self.skipped = int(meta["step"]), int(meta["skipped"])
         return extra
+
+
+def _full(norm: torch.Tensor) -> torch.Tensor:
+    """A gradient norm over sharded parameters is a partial DTensor: reduce it over ranks."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
