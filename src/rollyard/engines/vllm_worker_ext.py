@@ -51,10 +51,15 @@ class LiveWeightsExtension:
     def _model(self) -> Any:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
-    def rollyard_reload_weights(self, weights_path: str) -> int:
+    def rollyard_reload_weights(self, weights_path: str, version: int = -1) -> int:
         """Reload from a safetensors dir, then rebuild every packed GEMM from the new weights."""
         self.model_runner.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
+        self._rollyard_version = int(version)
         return self._repack()
+
+    def rollyard_weights_version(self) -> int:
+        """The policy version the last reload or receive was given (-1: none since start-up)."""
+        return int(getattr(self, "_rollyard_version", -1))
 
     def rollyard_join_weight_group(self, host: str, port: int, timeout_s: float) -> int:
         """Join the trainer's gloo group (rank 1 of 2; the trainer holds the store at host:port)."""
@@ -72,7 +77,7 @@ class LiveWeightsExtension:
         self._rollyard_pg = self._rollyard_store = None
         return pg is not None
 
-    def rollyard_receive_weights(self, plan: str) -> int:
+    def rollyard_receive_weights(self, plan: str, version: int) -> int:
         """Receive every bucket from rank 0, then load them all and re-pack.
 
         ``plan`` is JSON, one entry a bucket: ``{"dtype": "float32", "numel": N, "tensors":
@@ -91,6 +96,7 @@ class LiveWeightsExtension:
                     n *= int(d)
                 staged.append((name, flat[offset : offset + n].view(*shape)))
         self.model_runner.reload_weights(weights_iterator=iter(staged))  # type: ignore[attr-defined]
+        self._rollyard_version = int(version)
         return self._repack()
 
     def _repack(self) -> int:

@@ -85,7 +85,9 @@ class MemoryLinks:
         try:
             link = await self.join(engine)
             async with engine.fenced() as drained:
-                receiving = asyncio.create_task(engine.rpc("rollyard_receive_weights", plan=plan))
+                receiving = asyncio.create_task(
+                    engine.rpc("rollyard_receive_weights", plan=plan, version=version)
+                )
                 sending = asyncio.create_task(asyncio.to_thread(self._send_all, link, flats))
                 done = await asyncio.gather(receiving, sending, return_exceptions=True)
                 for r in done:
