@@ -2,7 +2,8 @@
 
 The engine serves exactly what a disk reload would give, no file is written, and under
 publishes every second no completion's tokens come from two versions: each completion's
-logprobs are recomputed with the model of the version it was stamped with."""
+logprobs are recomputed with the model of the version it was stamped with. An engine killed
+during an update is held out, restarted and caught up; the other takes the new version."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollyard.core import SamplingParams
+from rollyard.core.errors import EngineUnavailable, TrainError
 from rollyard.engines import VLLMBackend
+from rollyard.engines.launcher import VLLMServer
+from rollyard.rollout.services import LOGPROBS_OF_SAMPLED, EngineFleet, publish_healing
 from rollyard.train.publish import WeightPublisher
 
 pytestmark = pytest.mark.engine
@@ -134,3 +138,59 @@ async def test_no_completion_mixes_versions_under_publishes(
         discriminated += max(abs(a - b) for a, b in zip(lps, other, strict=True)) > 1e-2
     assert mixed == 0, f"{mixed} of {len(stamped)} completions mixed versions"
     assert discriminated == len(stamped)  # a mixed completion could not have passed unseen
+
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, logprobs=True)
+
+
+@pytest.mark.slow
+async def test_an_engine_killed_mid_update_is_held_out_then_restarted_on_the_live_weights(
+    vllm_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A second engine beside the session's; it is killed while its update is under way."""
+    server = VLLMServer(
+        tiny_model_dir,
+        kv_tokens=4096,
+        max_model_len=1024,
+        served_name="tiny",
+        log_path=tmp_path / "engine1.log",
+        extra_args=list(LOGPROBS_OF_SAMPLED),
+    )
+    await asyncio.to_thread(server.start)
+    survivor = VLLMBackend(vllm_url, name="engine0")
+    victim = VLLMBackend(server.url, name="engine1")
+    fleet = EngineFleet([server], [victim], tiny_model_dir, 0)  # only engine1 is ours to restart
+    publisher = WeightPublisher([survivor, victim], tmp_path / "w", base_path=tiny_model_dir, mode="memory")
+    fleet.catch_up = publisher.catch_up
+    model = perturbed(tiny_model_dir, 21)
+    try:
+        await publisher.start()
+        first_pid = server.proc.pid  # type: ignore[union-attr]
+        publishing = asyncio.create_task(publisher.publish(model, 1))
+        while victim._fence is None:  # the victim's update has begun
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.05)
+        server.kill()
+        with pytest.raises(TrainError, match="engine1"):
+            await publishing
+        # the survivor took version 1; the victim is held out, not serving anything
+        assert survivor.policy_version == 1 == await survivor.engine_version()
+        assert victim.held is not None
+        with pytest.raises(EngineUnavailable):
+            await victim.generate(PROMPTS[0], GREEDY)
+        with pytest.raises(EngineUnavailable):
+            await victim.stats()  # what the gateway polls: it routes around the engine
+        assert not await victim.health()
+        # the step's publish path restarts it and gives it the live weights
+        assert await publish_healing(publisher, fleet, model, 1) is None
+        assert server.proc.pid != first_pid and fleet.restarts == 1  # type: ignore[union-attr]
+        assert victim.held is None
+        assert victim.policy_version == 1 == await victim.engine_version()
+        want = [(await survivor.generate(p, GREEDY)).logprobs for p in PROMPTS]
+        got = [(await victim.generate(p, GREEDY)).logprobs for p in PROMPTS]
+        assert max_diff(want, got) <= 1e-5
+    finally:
+        fleet.stop()
+        await survivor.load_weights(str(tiny_model_dir), version=0)
+        await survivor.aclose()
+        await victim.aclose()
