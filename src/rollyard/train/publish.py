@@ -93,10 +93,12 @@ class WeightPublisher:
 
     # -- memory --------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Memory mode: every engine joins its weight group now, so an engine that cannot fails
-        the run's start with a clear ``ConfigError`` rather than its first step."""
-        if self.mode == "memory":
-            for e in self.engines:
+        """Resume every engine (a run killed during a publish leaves an attached engine paused);
+        memory mode: every engine joins its weight group now, so one that cannot fails the run's
+        start with a clear ``ConfigError`` rather than its first step."""
+        for e in self.engines:
+            await e.resume()
+            if self.mode == "memory":
                 await self.links.join(e)
 
     async def _publish_memory(self, model: Any, version: int) -> None:
