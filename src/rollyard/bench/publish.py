@@ -113,7 +113,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
         await memory.start()
         probe = LagProbe()
         probing = asyncio.create_task(probe.run())
-        version, disk_s, memory_s, written = 0, [], [], 0
+        version, disk_s, memory_s, written, parts = 0, [], [], 0, []
         for r in range(rounds):  # quiet rounds, order alternating
             for mode in ("disk", "memory") if r % 2 == 0 else ("memory", "disk"):
                 version += 1
@@ -123,6 +123,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
                 (memory_s if mode == "memory" else disk_s).append(took)
                 if mode == "memory":
                     written += _write_bytes() - before
+                    parts.append(memory.last)
         quiet_lag = sorted(probe.samples)
         # logprobs: the same model by memory, then by disk (stamped with the disk's version)
         same = models[(version + 2) % 2]
@@ -174,7 +175,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
         for e in engines:
             await e.aclose()
         return {
-            "disk_s": disk_s, "memory_s": memory_s, "bytes_written_memory": written,
+            "disk_s": disk_s, "memory_s": memory_s, "bytes_written_memory": written, "memory_parts": parts,
             "bytes_written_disk_once": disk_bytes, "files_left": files_left, "logprob_diff": diff,
             "turns": len(stamped), "mixed_version_turns": mixed, "turns_other_model_differs": discriminated,
             "versions_under_load": sorted({v for v, *_ in stamped}), "publish_under_load_s": under_load,
