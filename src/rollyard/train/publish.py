@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rollyard.core.errors import RollyardError, TrainError
+from rollyard.engines.launcher import has_cuda_gpu
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.train.checkpoint import save_weights
 from rollyard.train.memory_publish import MemoryLinks
+from rollyard.train.nccl_publish import NcclLinks
 from rollyard.train.weight_stream import WeightSource
 
 log = logging.getLogger(__name__)
@@ -77,7 +79,10 @@ class WeightPublisher:
         self.path = Path(base_path)
         self.published = 0
         self.last: dict[str, float] = {}  # the last publish's timings (fence drain, transfer)
-        self.links = MemoryLinks(weights, bucket_mb * 2**20, host, timeout_s)
+        # CUDA engines: vLLM's own NCCL transfer (untested here); CPU: gloo into our extension.
+        self.links: MemoryLinks | NcclLinks = (
+            NcclLinks(host) if has_cuda_gpu() else MemoryLinks(weights, bucket_mb * 2**20, host, timeout_s)
+        )
         self._model: Any = None  # the model whose weights are live (memory mode's catch-up source)
         # Held by the training loop while the model's weights change, so a catch-up (an engine
         # restarted between publishes) never sends a half-stepped model.
