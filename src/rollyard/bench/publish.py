@@ -172,6 +172,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
             mixed += max(abs(a - b) for a, b in zip(lps, own, strict=True)) > 1e-3
             discriminated += max(abs(a - b) for a, b in zip(lps, other, strict=True)) > 1e-3
         lag = sorted(probe.samples)
+        reported = [await e.engine_version() for e in engines]  # what each worker says it took
         for e in engines:
             await e.aclose()
         return {
@@ -179,7 +180,8 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
             "bytes_written_disk_once": disk_bytes, "files_left": files_left, "logprob_diff": diff,
             "turns": len(stamped), "mixed_version_turns": mixed, "turns_other_model_differs": discriminated,
             "versions_under_load": sorted({v for v, *_ in stamped}), "publish_under_load_s": under_load,
-            "fence_drain_s": drains, "lag_samples": len(lag),
+            "fence_drain_s": drains, "lag_samples": len(lag), "final_version": version,
+            "engines_report_version": reported,
             "loop_lag_p99_ms": 1000 * lag[int(0.99 * (len(lag) - 1))] if lag else 0.0,
             "loop_lag_max_ms": 1000 * lag[-1] if lag else 0.0,
             "quiet_loop_lag_p99_ms": 1000 * quiet_lag[int(0.99 * (len(quiet_lag) - 1))] if quiet_lag else 0.0,
