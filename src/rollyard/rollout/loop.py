@@ -157,10 +157,12 @@ class TrainingLoop:
         t0 = self.clock.now()
         groups = await self._take()
         t1 = self.clock.now()
-        async with self.publisher.model_lock:  # a catch-up must not send a half-stepped model
+        # From the step until its publish the model is not the live version: a catch-up (an
+        # engine restarted meanwhile) waits, so it never sends weights under the wrong version.
+        async with self.publisher.changing_model():
             m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
-        t2 = self.clock.now()
-        await self._publish(groups)
+            t2 = self.clock.now()
+            await self._publish(groups)
         row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
         row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps

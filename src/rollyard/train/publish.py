@@ -22,10 +22,11 @@ the version that generated it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,9 +85,8 @@ class WeightPublisher:
             NcclLinks(host) if has_cuda_gpu() else MemoryLinks(weights, bucket_mb * 2**20, host, timeout_s)
         )
         self._model: Any = None  # the model whose weights are live (memory mode's catch-up source)
-        # Held by the training loop while the model's weights change, so a catch-up (an engine
-        # restarted between publishes) never sends a half-stepped model.
-        self.model_lock = asyncio.Lock()
+        self._changing = asyncio.Lock()  # see ``changing_model``
+        self._changer: asyncio.Task[Any] | None = None
 
     async def publish(self, model: Any, version: int) -> Path | None:
         """Make ``version`` live on every engine. Disk: returns its dir; on failure the previous
@@ -112,9 +112,10 @@ class WeightPublisher:
         behind = [e for e in self.engines if e.policy_version != version]
         if not behind:  # a retry after every engine caught up
             return None
-        self._model = model
         took = await self.links.send(model, version, behind)
-        self.version = version  # the trainer's weights are live wherever the send succeeded
+        # the trainer's weights are live wherever the send succeeded (a refusal before any
+        # send, e.g. non-finite weights, raised above and changed nothing)
+        self._model, self.version = model, version
         self.published += 1
         self.last = took
         failed = [e.name for e in behind if e.held]
@@ -123,13 +124,26 @@ class WeightPublisher:
         log.info("published weights version=%d in memory engines=%d %s", version, len(behind), took)
         return None
 
+    @contextlib.asynccontextmanager
+    async def changing_model(self) -> AsyncIterator[None]:
+        """Held by the training loop from a step until its publish, when the model's weights are
+        not the live version's; a catch-up from another task waits for it (one from the same
+        task, the publish's own healing, sends the version just published)."""
+        async with self._changing:
+            self._changer = asyncio.current_task()
+            try:
+                yield
+            finally:
+                self._changer = None
+
     async def catch_up(self, engines: Sequence[VLLMBackend]) -> None:
         """Give restarted (held) engines the live version, then let them serve."""
         if self.mode != "memory":
             for e in engines:
                 e.release()
             return
-        async with self.model_lock:
+        mine = self._changer is not None and self._changer is asyncio.current_task()
+        async with contextlib.nullcontext() if mine else self._changing:
             if self._model is None:  # nothing published yet: the restart's weights are live
                 for e in engines:
                     e.release()
