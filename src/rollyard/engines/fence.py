@@ -22,6 +22,13 @@ from rollyard.core.errors import EngineUnavailable
 
 log = logging.getLogger(__name__)
 
+# How long a fence waits for the backend's own count of requests in flight to reach zero. The
+# count covers a request from before it reaches the engine to after its last byte is read; a
+# stream whose reader stopped reading without closing it stays counted until it is collected.
+# ``/pause?mode=wait`` drains the engine itself after that, so only a request still on its way
+# to the engine could then run across the swap.
+DRAIN_TIMEOUT_S = 60.0
+
 
 class VersionFence:
     """Mix-in state and methods; the host provides ``name``, ``_version``, ``_request``,
@@ -89,7 +96,16 @@ class VersionFence:
         try:
             if self._inflight:
                 self._drained = loop.create_future()
-                await self._drained
+                try:  # a stream its reader abandoned is counted until it is collected
+                    await asyncio.wait_for(asyncio.shield(self._drained), DRAIN_TIMEOUT_S)
+                except TimeoutError:
+                    log.warning(
+                        "engine=%s: %d requests still counted in flight after %.0f s; pausing the "
+                        "engine anyway (it drains what it runs)",
+                        self.name,
+                        self._inflight,
+                        DRAIN_TIMEOUT_S,
+                    )
             await self._request("POST", "/pause", params={"mode": "wait"})
             drained = loop.time() - t0
             try:
