@@ -179,3 +179,12 @@ forward_context  # the connector API's signature (src/rollyard/engines/kvpool/co
 layer_name
 attn_metadata
 kv_layer
+_.rollyard_weights_version  # called by name through /collective_rpc (engines/vllm_worker_ext.py)
+_.rollyard_join_weight_group  # called by name through /collective_rpc (engines/vllm_worker_ext.py)
+_.rollyard_receive_weights  # called by name through /collective_rpc (engines/vllm_worker_ext.py)
+_._rollyard_store  # keeps the weight group's store alive (engines/vllm_worker_ext.py)
+_.init_weight_transfer_engine  # vLLM's trainer engine calls it (train/nccl_publish.py)
+_.shutdown_weight_transfer_engine  # vLLM's trainer engine calls it (train/nccl_publish.py)
+_.start_weight_update  # vLLM's trainer engine calls it (train/nccl_publish.py)
+_.update_weights  # vLLM's trainer engine calls it (train/nccl_publish.py)
+_.finish_weight_update  # vLLM's trainer engine calls it (train/nccl_publish.py)

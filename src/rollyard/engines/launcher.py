@@ -146,6 +146,8 @@ class VLLMServer:
             args.append("--enforce-eager")  # ~35 s start on CPU instead of ~100 s with torch.compile
             # Without it, in-place weight reloads do not reach the CPU's prepacked GEMMs.
             args += ["--worker-extension-cls", "rollyard.engines.vllm_worker_ext.LiveWeightsExtension"]
+        else:  # memory publishing on CUDA: vLLM's NCCL weight transfer (train/nccl_publish.py)
+            args += ["--weight-transfer-config", '{"backend": "nccl"}']
         if self.kv_tokens is not None:
             if self.kv_tokens <= self.max_model_len:
                 raise ConfigError(

@@ -24,6 +24,7 @@ resending cannot duplicate anything the caller saw).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,6 +35,7 @@ import pydantic_core
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
+from rollyard.engines.fence import VersionFence
 from rollyard.engines.metrics import parse_vllm_metrics
 from rollyard.engines.stream_read import SSEPayloads, event_deltas, merge_deltas
 from rollyard.engines.vllm_choice import finish, loads, token_ids, token_logprobs, top_logprobs
@@ -59,7 +61,7 @@ def _dumps(obj: Any) -> str:
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class VLLMBackend:
+class VLLMBackend(VersionFence):
     """One vLLM server. ``policy_version`` is the version of the last weights we loaded.
 
     ``send_seed`` forwards per-request seeds; off by default because it can crash the CPU
@@ -94,6 +96,7 @@ class VLLMBackend:
         self._fresh: aiohttp.ClientSession | None = None  # no connection reuse: for resends
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self.resent = 0  # requests resent after their connection dropped before any answer
+        VersionFence.__init__(self)
 
     def _client(self, fresh: bool = False) -> aiohttp.ClientSession:
         """The session for the running loop (new ones when the backend moves to another loop);
@@ -237,11 +240,14 @@ class VLLMBackend:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
-        version = self._version
         raw = pydantic_core.to_json(body)
-        _, answer = await self._request(
-            "POST", "/v1/completions", answer=True, data=raw, headers=_JSON_HEADERS
-        )
+        version = await self._admit()
+        try:
+            _, answer = await self._request(
+                "POST", "/v1/completions", answer=True, data=raw, headers=_JSON_HEADERS
+            )
+        finally:
+            self._left()
         try:
             data = loads(answer)
             choice = data["choices"][0]
@@ -266,7 +272,7 @@ class VLLMBackend:
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[CompletionDelta]:
         body = await self.completion_body(prompt_ids, params, stream=True)
-        version = self._version
+        version = await self._admit()
         try:
             raw = pydantic_core.to_json(body)
             async with await self._send("POST", "/v1/completions", data=raw, headers=_JSON_HEADERS) as resp:
@@ -289,6 +295,8 @@ class VLLMBackend:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:
             raise EngineUnavailable(f"engine {self.name} timed out while streaming") from e
+        finally:
+            self._left()
 
     def _deltas(
         self, payload: bytes, prompt_tokens: int, version: int, top: int = 0
@@ -300,10 +308,23 @@ class VLLMBackend:
             text = payload[:200].decode(errors="replace")
             raise EngineError(f"engine {self.name} streamed an unreadable event: {text}") from e
 
+    async def rpc(self, method: str, **kwargs: Any) -> list[Any]:
+        """Call a worker-extension method on every worker of the engine; their answers."""
+        _, body = await self._request("POST", "/collective_rpc", json={"method": method, "kwargs": kwargs})
+        return list(json.loads(body or b"{}").get("results") or [])
+
+    async def engine_version(self) -> int:
+        """The version the engine's worker says it last took (-1: unknown or none)."""
+        return int((await self.rpc("rollyard_weights_version") or [-1])[0])
+
     async def stats(self) -> EngineStats:
+        if self._held is not None:
+            raise EngineUnavailable(f"engine {self.name} is held out: {self._held}")
         return parse_vllm_metrics((await self._request("GET", "/metrics"))[1].decode(errors="replace"))
 
     async def health(self) -> bool:
+        if self._held is not None:
+            return False
         try:
             async with await self._send("GET", "/health", timeout=_HEALTH_TIMEOUT) as resp:
                 return resp.status == 200
@@ -328,10 +349,12 @@ class VLLMBackend:
         """Swap weights in place from a safetensors dir; later turns carry ``version``."""
         # CPU engines started by our launcher carry a worker extension whose reload also
         # rebuilds the prepacked GEMMs (see vllm_worker_ext); other engines use vLLM's own.
-        method = "rollyard_reload_weights" if await self._has_worker_ext() else "reload_weights"
-        await self._request(
-            "POST", "/collective_rpc", json={"method": method, "kwargs": {"weights_path": str(path)}}
-        )
+        kwargs: dict[str, Any] = {"weights_path": str(path)}
+        if await self._has_worker_ext():
+            method, kwargs["version"] = "rollyard_reload_weights", version
+        else:
+            method = "reload_weights"
+        await self._request("POST", "/collective_rpc", json={"method": method, "kwargs": kwargs})
         await self.reset_prefix_cache()  # cached KV was computed by the old weights
         self._version = version
         log.info("engine=%s loaded weights version=%d path=%s", self.name, version, path)

@@ -269,6 +269,20 @@ class RunConfig(_Section):
     loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
 
 
+class PublishConfig(_Section):
+    """How trained weights reach the engines (docs/training.md, "Publishing weights").
+
+    ``memory``: streamed over a gloo group into each engine's worker, no file; every engine must
+    run rollyard's worker extension (the launcher's engines do) and reach the trainer at
+    ``host``. ``disk``: a safetensors dir each engine reloads, for engines that cannot.
+    Both update each engine behind the version fence."""
+
+    mode: Literal["memory", "disk"] = "memory"
+    bucket_mb: int = Field(default=512, ge=1)  # the largest flat buffer sent at once
+    host: str = "127.0.0.1"  # where engines reach the trainer's weight group
+    timeout_s: float = Field(default=120.0, gt=0)  # a gloo send or receive that waits longer fails
+
+
 class RayConfig(_Section):
     address: str | None = None  # "local" starts a local cluster; else a ray:// or host:port address
     workers: int = Field(default=2, ge=1)
@@ -294,6 +308,7 @@ class Config(_Section):
     sft: SftConfig = Field(default_factory=SftConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    publish: PublishConfig = Field(default_factory=PublishConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
     @model_validator(mode="after")

@@ -179,9 +179,12 @@ class TrainingLoop:
         t0 = self.clock.now()
         groups = await self._take()
         t1 = self.clock.now()
-        m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
-        t2 = self.clock.now()
-        await self._publish(groups)
+        # From the step until its publish the model is not the live version: a catch-up (an
+        # engine restarted meanwhile) waits, so it never sends weights under the wrong version.
+        async with self.publisher.changing_model():
+            m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
+            t2 = self.clock.now()
+            await self._publish(groups)
         row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
         row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps
@@ -196,7 +199,8 @@ class TrainingLoop:
         """The trained weights become version step+1 on every engine; the groups are spent."""
         version = self.s.version + 1
         path = await publish_healing(self.publisher, self.svc.fleet, self.trainer.model, version)
-        self.svc.fleet.live(path, version)
+        if path is not None:  # disk mode: a restarted engine comes back on this dir
+            self.svc.fleet.live(path, version)
         self.s.version, self.s.step = version, self.s.step + 1
         for g in groups:
             self.s.ledger.mark_trained(g.number, self.s.step)
@@ -229,7 +233,8 @@ class TrainingLoop:
             "staleness": statistics.fmean(max(0, version - 1 - g.policy_version) for g in groups),
             "trainer_idle_fraction": (t1 - t0) / wall,
             "train_s": t2 - t1,
-            "publish_s": t3 - t2,  # weights saved, then loaded by every engine
+            "publish_s": t3 - t2,  # weights sent (memory) or saved and reloaded (disk), all engines
+            **{f"publish_{k}": v for k, v in self.publisher.last.items()},
             "wall_s": wall,
             "loss": m.get("loss"),
             **{f"train_{k}": v for k, v in m.items() if k not in ("loss", "step")},

@@ -153,9 +153,10 @@ async def _train(
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     weights, state = start, LoopState(step=0, version=0, ledger=GroupLedger())
+    memory = cfg.publish.mode == "memory"
     if resume and run.has_checkpoint():
         state = _resume_state(run, trainer)
-        if state.version > 0:
+        if state.version > 0 and not memory:
             weights = run.weights / f"v{state.version:06d}"
             if not (weights / "config.json").is_file():
                 raise ConfigError(f"checkpoint is at version {state.version} but {weights} is missing")
@@ -172,15 +173,28 @@ async def _train(
     if progress is not None:
         where = "attaching" if cfg.engine.urls else f"starting {cfg.engine.count} vLLM engine(s)"
         progress({"event": "phase", "phase": "engines", "detail": f"{where}, gateway, sandboxes"})
-    async with open_services(cfg, run.root, weights, state.version) as svc:
+    # Memory mode writes no weights: engines start (and restart) on the starting model and are
+    # then given the trainer's weights; a resumed run's are sent as its checkpoint's version.
+    served = 0 if memory else state.version
+    async with open_services(cfg, run.root, weights, served) as svc:
+        p = cfg.publish
         publisher = WeightPublisher(
             svc.fleet.backends,
             run.weights,
             base_path=weights,
-            base_version=state.version,
+            base_version=served,
             keep=weights_to_keep(cfg),
             tokenizer=tokenizer,
+            mode=p.mode,
+            bucket_mb=p.bucket_mb,
+            host=p.host,
+            timeout_s=p.timeout_s,
         )
+        await publisher.start()
+        if p.mode == "memory":
+            svc.fleet.catch_up = publisher.catch_up
+        if served != state.version:
+            await publisher.publish(trainer.model, state.version)
         async with make_runner(cfg, svc, run) as runner:
             loop = TrainingLoop(
                 cfg, run, svc, runner, trainer, publisher, train_tasks, held_out, state, progress=progress

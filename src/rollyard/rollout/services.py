@@ -15,7 +15,7 @@ import secrets
 import shutil
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,11 +58,14 @@ LOGPROBS_OF_SAMPLED = ("--logprobs-mode", "processed_logprobs")
 ENGINE_STOP_S = 5.0  # how long a stopping engine may take before its process group is SIGKILLed
 
 
-async def publish_healing(publisher: WeightPublisher, fleet: EngineFleet, model: Any, version: int) -> Path:
+async def publish_healing(
+    publisher: WeightPublisher, fleet: EngineFleet, model: Any, version: int
+) -> Path | None:
     """Publish ``version``; if an engine refuses it because it died after the rollout (no program
-    met the dead engine, so none healed it), restart the dead engines on the live weights and
-    publish again. With nothing to restart (an engine given by URL, or a live one that refuses)
-    the step fails as before."""
+    met the dead engine, so none healed it) or failed part-way (memory mode holds it out), restart
+    those engines on the live weights and publish again (memory mode: the restart's catch-up
+    already sent them). With nothing to restart (an engine given by URL, or a live one that
+    refuses) the step fails as before."""
     try:
         return await publisher.publish(model, version)
     except TrainError:
@@ -81,6 +84,9 @@ class EngineFleet:
     weights: Path  # what a restarted engine must load
     version: int
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Memory publishing: gives restarted engines (held out until then) the live weights, which
+    # exist only in the trainer; None: the restart's weights file is the live version.
+    catch_up: Callable[[list[VLLMBackend]], Awaitable[None]] | None = None
     restarts: int = 0
     closing: bool = False  # set first at teardown: a dead engine is then not restarted
     _spec_seen: list[EngineStats] | None = None
@@ -103,11 +109,14 @@ class EngineFleet:
     async def heal(self) -> bool:
         """Restart dead local engines on the live weights; True if any was restarted."""
         async with self._lock:
-            restarted = False
+            restarted: list[VLLMBackend] = []
             for server, backend in zip(self.servers, self.backends, strict=False):
-                if server.alive() or self.closing:
+                if (server.alive() and backend.held is None) or self.closing:
                     continue
-                log.warning("engine %s died; restarting on weights v%d", backend.name, self.version)
+                why = "died" if not server.alive() else f"is held out ({backend.held})"
+                log.warning("engine %s %s; restarting on weights v%d", backend.name, why, self.version)
+                if self.catch_up is not None:  # out of service until the live weights reach it
+                    backend.hold("restarting; the live weights follow")
                 server.stop()
                 server.model_dir = self.weights
                 server.weights_version = self.version  # the KV pool keys blocks by it
@@ -116,8 +125,13 @@ class EngineFleet:
                 await in_daemon_thread(self._restart, server)
                 backend.serving(self.version)  # the restarted process serves exactly these weights
                 self.restarts += 1
-                restarted = True
-            return restarted
+                restarted.append(backend)
+            if restarted and self.catch_up is not None and not self.closing:
+                await self.catch_up(restarted)
+            elif self.catch_up is None:
+                for b in restarted:
+                    b.release()
+            return bool(restarted)
 
     def _restart(self, server: VLLMServer) -> None:
         if self.closing:  # teardown began while this thread was being started
