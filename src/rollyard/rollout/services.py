@@ -326,7 +326,7 @@ async def start_gateway(
     host = "127.0.0.1" if cfg.gateway.host in WILDCARDS else cfg.gateway.host
     url = f"http://{host}:{port}"
     advertised = advertised_url(cfg.gateway.host, port, cfg.gateway.advertise)
-    log.info("gateway up url=%s advertised=%s socket=%s", url, advertised, socket_path)
+    log.info("gateway up url=%s socket=%s advertised=%s", url, socket_path, advertised)
     return GatewayServer(gw, url, token, server, task, socket_path=socket_path, advertised_url=advertised)
 
 
