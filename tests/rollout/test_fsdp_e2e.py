@@ -35,6 +35,8 @@ def test_two_fsdp_ranks_train_then_one_rank_resumes(
             # A random model's group rewards are usually all equal: zero advantages, no update.
             # Cross-entropy on the rollouts always moves the weights, which is what is checked here.
             "trainer.loss.kind": "sft",
+            # the published versions are read back from disk below (memory mode writes none)
+            "publish.mode": "disk",
         }
     )
     path = tmp_path / "run.yaml"

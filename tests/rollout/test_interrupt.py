@@ -66,7 +66,14 @@ def test_sigint_tears_down_the_engine_and_leaves_a_resumable_run(
 ) -> None:
     cfg = builtin_config(
         "quick",
-        {"model.path": str(tiny_model_dir), "model.create": False, "run.steps": 50, "engine.kv_tokens": 4096},
+        # a checkpoint every step (the default is every 10), so the interrupted run has one to resume
+        {
+            "model.path": str(tiny_model_dir),
+            "model.create": False,
+            "run.steps": 50,
+            "engine.kv_tokens": 4096,
+            "run.checkpoint_every": 1,
+        },
     )
     path = tmp_path / "run.yaml"
     path.write_text(dump_config(cfg))

@@ -210,7 +210,7 @@ async def test_a_pretrained_smollm2_run_converts_serves_and_trains(tmp_path: Pat
     last = await train(cfg, run)
     assert json.loads((run.root / "model" / "rollyard.json").read_text())["from"] == "smollm2-135m"
     assert last["policy_version"] == 1
-    assert (run.root / "weights" / "v000001" / "model.safetensors").is_file()
+    assert not list((run.root / "weights").glob("v*"))  # published in memory (the default): no file
     trajs = read_parquet(run.trajectory_file(1))
     assert len(trajs) == 2 and all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
     row = run.read_metrics()[-1]

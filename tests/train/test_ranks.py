@@ -61,7 +61,9 @@ def test_two_ranks_step_and_publish_the_single_trainers_weights(tiny_model_dir: 
         group.close()
     single = Trainer(make(), cfg)
     single.train_step(_samples())
-    _assert_same(ranked, _weights(single.model), atol=2e-6)  # Adam's first step moves ~lr = 1e-3
+    # the same update up to float summation order (chunked head, rank sums): Adam's first step
+    # moves every weight by about lr = 1e-3, so 2e-5 is 2% of an update
+    _assert_same(ranked, _weights(single.model), atol=2e-5)
     moved = max(float((v - before[k]).abs().max()) for k, v in ranked.items())
     assert moved > 5e-4
 

@@ -25,7 +25,7 @@ from typing import Any
 from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.tables import write_parquet
 from rollyard.rl.buffer.shell import AsyncBuffer
-from rollyard.rollout.collect import GroupRecord, ProgramRunner, run_group
+from rollyard.rollout.collect import GroupRecord, ProgramRunner, run_group, unrecoverable
 from rollyard.rollout.config import Config
 from rollyard.rollout.evaluation import heldout
 from rollyard.rollout.ledger import GroupLedger, group_id, task_for
@@ -113,7 +113,8 @@ class TrainingLoop:
             self.s.failures += 1
             await self.buffer.discard(gid)
             return False
-        self.silent.observe(rec.trajectories)
+        # programs whose environment failed (engine gone, sandbox error) say nothing about the agent
+        self.silent.observe(t for t in rec.trajectories if not unrecoverable(t))
         if self.silent.tripped and not self._fatal.done():
             self._fatal.set_exception(self.silent.error())  # the trainer's wait raises it
         if not rec.samples:

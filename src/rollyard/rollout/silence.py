@@ -2,7 +2,9 @@
 
 A program that ends without a single model turn teaches nothing, and its group is dropped and
 replaced. When every program does that (a CLI that cannot start: missing binary, bad flag,
-sandbox limit) the run would replace groups forever and print nothing. ``SilentPrograms`` counts
+sandbox limit) the run would replace groups forever and print nothing. Programs whose environment
+failed (their engine died, their sandbox broke) are left out: the engine's restart and the retries
+handle those, and they say nothing about the agent. ``SilentPrograms`` counts
 programs in a row that ended with no turn; past ``limit`` it names the last one's error (a
 black-box CLI's exit status and stderr tail), which the training loop raises.
 """
