@@ -120,10 +120,9 @@ def trajectory(client: TestClient, program_id: str) -> dict[str, object]:
 
 
 @contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """The app on a real port (uvicorn in a thread): real connections, keep-alive, concurrency."""
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
+def running(config: uvicorn.Config) -> Iterator[None]:
+    """A uvicorn server on ``config`` in a thread, started before the body, stopped after it."""
+    srv = uvicorn.Server(config)
     t = threading.Thread(target=srv.run, daemon=True)
     t.start()
     for _ in range(200):
@@ -131,7 +130,15 @@ def serving(app: Any) -> Iterator[str]:
             break
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         srv.should_exit = True
         t.join(10)
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """The app on a real port (uvicorn in a thread): real connections, keep-alive, concurrency."""
+    port = free_port()
+    with running(uvicorn.Config(app, port=port, log_level="critical")):
+        yield f"http://127.0.0.1:{port}"

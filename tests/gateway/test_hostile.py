@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ from rollyard.core.program import Program
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.gateway.model_route import STRINGS_PER_OBJECT, count_objects
 
-from .conftest import ADMIN, ScriptedBackend, serving
+from .conftest import ADMIN, ScriptedBackend, running, serving
 from .test_fuzz import ROUTES, SEEDS, http, mutate, paths, server  # noqa: F401 (fixtures)
 
 NONFINITE = [
@@ -182,21 +181,11 @@ def test_any_client_strings_stream_without_an_error_event(
 @contextlib.contextmanager
 def serving_uds(app: Any, path: Path) -> Iterator[httpx.Client]:
     """The app on a unix socket (uvicorn in a thread), as ``rollyard gateway --uds`` serves it."""
-    srv = uvicorn.Server(uvicorn.Config(app, uds=str(path), log_level="critical"))
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    try:
-        with httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(path)), base_url="http://gw", timeout=30
-        ) as c:
-            yield c
-    finally:
-        srv.should_exit = True
-        t.join(10)
+    with (
+        running(uvicorn.Config(app, uds=str(path), log_level="critical")),
+        httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://gw", timeout=30) as c,
+    ):
+        yield c
 
 
 def test_the_admin_token_gets_403_on_model_endpoints_over_the_sandbox_socket(

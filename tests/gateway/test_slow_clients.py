@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from rollyard.core.net import free_port
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.gateway.serve import uvicorn_config
 from rollyard.gateway.settings import GatewayLimits
 
-from .conftest import ADMIN, ScriptedBackend
+from .conftest import ADMIN, ScriptedBackend, running
 
 LIMITS = GatewayLimits(
     header_timeout_s=0.5, body_timeout_s=0.5, max_header_bytes=16 * 1024, max_conns_per_peer=6
@@ -31,20 +29,8 @@ LIMITS = GatewayLimits(
 def gateway(tok: FastTokenizer, tmp_path: Path) -> Iterator[tuple[str, int]]:
     gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
     port = free_port()
-    srv = uvicorn.Server(
-        uvicorn_config(create_app(gw, limits=LIMITS), LIMITS, port=port, log_level="critical")
-    )
-    t = threading.Thread(target=srv.run, daemon=True)
-    t.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    try:
+    with running(uvicorn_config(create_app(gw, limits=LIMITS), LIMITS, port=port, log_level="critical")):
         yield "127.0.0.1", port
-    finally:
-        srv.should_exit = True
-        t.join(10)
 
 
 def closed_within(sock: socket.socket, seconds: float) -> bytes | None:
