@@ -113,6 +113,12 @@ class JournalUnavailable(RollyardError):
         self.retry_after_s = retry_after_s
 
 
+class ShardUnavailable(RollyardError):
+    """The gateway shard that owns a program did not answer (``gateway.shards``)."""
+
+    http_status = 503
+
+
 class EngineStartError(EngineError):
     """A local engine process could not be started or never became healthy."""
 
