@@ -113,8 +113,8 @@ class JournalUnavailable(RollyardError):
         self.retry_after_s = retry_after_s
 
 
-class ShardUnavailable(RollyardError):
-    """The gateway shard that owns a program did not answer (``gateway.shards``)."""
+class GatewayUnavailable(RollyardError):
+    """A gateway process (a shard, or a run's gateway) did not answer, or failed (5xx)."""
 
     http_status = 503
 

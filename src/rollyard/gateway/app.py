@@ -15,6 +15,7 @@ from rollyard.gateway import (
     errors,
     routes_admin,
     routes_anthropic,
+    routes_engines,
     routes_meta,
     routes_openai_chat,
     routes_openai_responses,
@@ -22,6 +23,7 @@ from rollyard.gateway import (
 from rollyard.gateway.breaker import CircuitBreaker, ErrorBudget
 from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
+from rollyard.gateway.fence_leases import FenceLeases
 from rollyard.gateway.guard import GuardedBackend, GuardMetrics
 from rollyard.gateway.hot_path import GatewayApp
 from rollyard.gateway.idle import IdlePrograms, reap_forever
@@ -104,7 +106,7 @@ def create_app(
             asyncio.create_task(gateway.pool.poll_forever(poll_interval_s)),
             asyncio.create_task(gateway.pool.tick_forever()),
             asyncio.create_task(reap_forever(idle, gateway.programs, gateway.busy, guard.idle_ended.inc)),
-            asyncio.create_task(watch_loop_lag(gateway.metrics.loop_lag)),
+            asyncio.create_task(watch_loop_lag(gateway.metrics)),
         ]
         try:
             yield
@@ -114,6 +116,7 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await leases.aclose()
             await gateway.pool.aclose()
             gateway.journal.close()
 
@@ -122,6 +125,7 @@ def create_app(
     app.state.gateway = gateway
     app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
     app.state.idle = idle
+    app.state.fence_leases = leases = FenceLeases()
     app.state.layout = layout or ShardLayout()
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
@@ -133,4 +137,5 @@ def create_app(
         app.include_router(routes_meta.model_router, prefix=prefix, include_in_schema=shown)
     app.include_router(routes_meta.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_engines.router)
     return app

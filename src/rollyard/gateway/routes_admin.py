@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.errors import NotFound
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
-from rollyard.core.trajectory import Outcome
+from rollyard.core.trajectory import Event, Outcome
 from rollyard.gateway.edge import PROGRAM_ID, api_key, gateway, not_on_sandbox_socket
 from rollyard.gateway.limits import StrictRoute
 from rollyard.gateway.shard_calls import call, on_holder, others_lists, passed_on
@@ -33,6 +33,12 @@ class CreateProgram(BaseModel):
     sampling: SamplingPolicy = Field(default_factory=SamplingPolicy)
     context_limit: int | None = Field(default=None, ge=1)
     metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ProgramEvents(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[Event] = Field(max_length=10_000)
 
 
 class FinishProgram(BaseModel):
@@ -124,3 +130,17 @@ async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
     except NotFound as e:
         return await _held_elsewhere(request, e)
     return gw.journal.trajectory(program_id).model_dump(mode="json")
+
+
+@router.post("/programs/{program_id}/events")
+async def record_events(program_id: str, body: ProgramEvents, request: Request) -> dict[str, Any]:
+    """Append what happened on the agent's side (tool results, context management) to a
+    program's journal: the runner of ``rollyard train`` reports its sandbox's events here."""
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    try:
+        gw.programs.get(program_id)
+    except NotFound as e:
+        return await _held_elsewhere(request, e, body.model_dump(mode="json"))
+    gw.journal.record_events(program_id, body.events)
+    return {"id": program_id, "recorded": len(body.events)}

@@ -16,11 +16,11 @@ from rollyard.core.errors import (
     AuthError,
     Conflict,
     Forbidden,
+    GatewayUnavailable,
     InvalidRequest,
     NotFound,
     RateLimited,
     RollyardError,
-    ShardUnavailable,
 )
 from rollyard.gateway.shards import ShardLayout
 
@@ -46,21 +46,27 @@ async def call(
     params: dict[str, str] | None = None,
 ) -> Any:
     """``method path`` on shard ``shard`` as the caller; its JSON answer. Its errors come back as
-    the same typed errors; an unreachable shard is a ``ShardUnavailable`` (503)."""
+    the same typed errors; an unreachable shard is a ``GatewayUnavailable`` (503)."""
     url = layout.url_of(shard) + path
     headers = {"authorization": f"Bearer {token}", FORWARDED: str(layout.index)}
     try:
         async with httpx.AsyncClient(timeout=TIMEOUT_S, trust_env=False) as client:
             resp = await client.request(method, url, json=body, params=params, headers=headers)
     except httpx.HTTPError as e:
-        raise ShardUnavailable(f"gateway shard {shard} ({url}) did not answer: {type(e).__name__}") from e
-    if resp.status_code >= 300:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:200]
-        raise _PASSED_ON.get(resp.status_code, ShardUnavailable)(f"gateway shard {shard}: {message}")
+        raise GatewayUnavailable(f"gateway shard {shard} ({url}) did not answer: {type(e).__name__}") from e
+    raise_for(resp, f"gateway shard {shard}")
     return resp.json()
+
+
+def raise_for(resp: httpx.Response, who: str) -> None:
+    """A gateway's error answer as the typed error it was raised as there (5xx: unavailable)."""
+    if resp.status_code < 300:
+        return
+    try:
+        message = resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = resp.text[:200]
+    raise _PASSED_ON.get(resp.status_code, GatewayUnavailable)(f"{who}: {message}")
 
 
 async def on_holder(layout: ShardLayout, method: str, path: str, token: str, body: Any = None) -> Any:

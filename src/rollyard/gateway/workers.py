@@ -32,7 +32,7 @@ STOP_GRACE_S = 15.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask the kernel to SIGTERM this process when its parent (the supervisor) exits."""
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the supervisor's stop still ends them
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -42,7 +42,7 @@ def _shard_main(kwargs: dict[str, Any]) -> None:
     """A shard process: serve until SIGTERM (uvicorn stops gracefully on it)."""
     from rollyard.gateway.serve import serve
 
-    _die_with_parent()
+    die_with_parent()
     logging.basicConfig(
         level=logging.WARNING, format=f"shard{kwargs['layout'].index} %(levelname)s %(message)s"
     )
