@@ -35,6 +35,7 @@ from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import Renderer
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.settings import GatewayLimits
+from rollyard.gateway.shard_calls import ShardPeers
 from rollyard.gateway.shards import ShardLayout
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.sched import Policy, Scheduler, make_policy
@@ -117,6 +118,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await leases.aclose()
+            await peers.aclose()
             await gateway.pool.aclose()
             gateway.journal.close()
 
@@ -126,7 +128,7 @@ def create_app(
     app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
     app.state.idle = idle
     app.state.fence_leases = leases = FenceLeases()
-    app.state.layout = layout or ShardLayout()
+    app.state.peers = peers = ShardPeers(layout or ShardLayout())
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
     # Model routes first: the router tries routes in order, and they take nearly every request.

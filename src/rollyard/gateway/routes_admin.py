@@ -17,8 +17,7 @@ from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.trajectory import Event, Outcome
 from rollyard.gateway.edge import PROGRAM_ID, api_key, gateway, not_on_sandbox_socket
 from rollyard.gateway.limits import StrictRoute
-from rollyard.gateway.shard_calls import call, on_holder, others_lists, passed_on
-from rollyard.gateway.shards import ShardLayout
+from rollyard.gateway.shard_calls import ShardPeers, call, on_holder, others_lists, passed_on
 
 router = APIRouter(dependencies=[Depends(not_on_sandbox_socket)], route_class=StrictRoute)
 
@@ -60,12 +59,13 @@ async def create_program(body: CreateProgram, request: Request) -> dict[str, Any
     gw = gateway(request)
     token = api_key(request)
     gw.programs.require_admin(token)
-    layout: ShardLayout = request.app.state.layout
+    peers: ShardPeers = request.app.state.peers
+    layout = peers.layout
     fields = body.model_dump(exclude_none=True)
     program = Program(**fields)
     owner = layout.owner(program.id, program.group_id, program.group_size)
     if owner != layout.index and passed_on(layout, request.headers):
-        made = await call(layout, owner, "POST", "/programs", token or "", {**fields, "id": program.id})
+        made = await call(peers, owner, "POST", "/programs", token or "", {**fields, "id": program.id})
         made.pop("base_urls", None)  # the owner's view of its address; the caller's is rebuilt
         origin = str(request.base_url.replace(port=layout.port_of(owner))).rstrip("/")
     else:
@@ -82,20 +82,20 @@ async def list_programs(request: Request, group_id: str | None = None) -> dict[s
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
     progs = [p.public() for p in gw.programs.all() if group_id is None or p.group_id == group_id]
-    layout: ShardLayout = request.app.state.layout
-    if passed_on(layout, request.headers):
+    peers: ShardPeers = request.app.state.peers
+    if passed_on(peers.layout, request.headers):
         params = {"group_id": group_id} if group_id is not None else {}
-        progs += await others_lists(layout, api_key(request) or "", params)
+        progs += await others_lists(peers, api_key(request) or "", params)
         progs.sort(key=lambda p: (p["created_at"], p["id"]))
     return {"object": "list", "data": progs}
 
 
 async def _held_elsewhere(request: Request, error: NotFound, body: Any = None) -> Any:
     """A program this shard does not hold: the answer of the shard that does (if sharded)."""
-    layout: ShardLayout = request.app.state.layout
-    if not passed_on(layout, request.headers):
+    peers: ShardPeers = request.app.state.peers
+    if not passed_on(peers.layout, request.headers):
         raise error
-    return await on_holder(layout, request.method, request.url.path, api_key(request) or "", body)
+    return await on_holder(peers, request.method, request.url.path, api_key(request) or "", body)
 
 
 @router.get("/programs/{program_id}")
