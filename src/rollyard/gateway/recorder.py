@@ -20,6 +20,14 @@ connection (SQLite connections stay on the thread that made them; a PASSIVE chec
 blocks the loop's writers, it copies what no reader still needs). Durability is unchanged: a
 commit is durable once in the WAL, whether or not a checkpoint has copied it yet, and a
 checkpoint cut short by a crash is redone from the WAL when the file is next opened.
+
+Rows are linear in tokens (``journal_rows``): a turn stores the ids its prompt adds to its
+segment's previous turn, packed binary, and a conversation state stores the messages added
+since the previous state (``messages`` rows; a new segment writes its messages afresh). So a
+commit's work on the loop is O(new tokens) and the file grows with the tokens, not with the
+turns x the context. Full prompts are rebuilt on read; ``atrajectory`` reads and rebuilds on a
+worker thread with its own connection (WAL readers never block the loop's writer). The
+tables and the migration of older journals: ``journal_schema``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import pydantic_core
 from rollyard.core.errors import JournalUnavailable, NotFound
 from rollyard.core.program import Program
 from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
+from rollyard.gateway.journal_rows import INSERT_TURN, TURN_COLUMNS, LastTurn, rebuild, turn_row
+from rollyard.gateway.journal_schema import PUT_MESSAGE, UPSERT_CONVERSATION, open_schema
 from rollyard.gateway.renderer import ConversationState
 
 log = logging.getLogger(__name__)
@@ -48,17 +58,6 @@ Statement = tuple[str, tuple[Any, ...]]
 # Bytes of rows committed between checkpoints. A row's pages hold more than its text: 1 MB of
 # 4 KB rows, one commit each, kept the WAL at 5.8 MB (SQLite's own default: 1000 pages, 4 MB).
 CHECKPOINT_BYTES = 1 << 20
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS programs (id TEXT PRIMARY KEY, body TEXT NOT NULL, outcome TEXT);
-CREATE TABLE IF NOT EXISTS turns (
-    program_id TEXT NOT NULL, idx INTEGER NOT NULL, segment INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (program_id, idx));
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, program_id TEXT NOT NULL, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_program ON events (program_id);
-CREATE TABLE IF NOT EXISTS conversations (program_id TEXT PRIMARY KEY, body TEXT NOT NULL);
-"""
 
 
 class SqliteJournal:
@@ -75,7 +74,16 @@ class SqliteJournal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on _checkpointer
-        self._db.executescript(_SCHEMA)
+        try:
+            open_schema(self._db, self.path)
+        except BaseException:
+            self._db.close()
+            raise
+        # Per program, what its next turn and state are stored relative to (set when queued,
+        # so a turn queued behind its predecessor builds on it; dropped when a commit fails,
+        # and then read back from the file).
+        self._last_turn: dict[str, LastTurn] = {}
+        self._last_state: dict[str, tuple[int, int]] = {}  # segment, messages stored
         self._queue: list[tuple[list[Statement], asyncio.Future[None]]] = []
         self._flush_pending = False
         self.checkpoint_bytes = checkpoint_bytes
@@ -103,7 +111,7 @@ class SqliteJournal:
 
     def _note_committed(self, statements: list[Statement]) -> None:
         """Count the rows' bytes; past ``checkpoint_bytes``, start a checkpoint unless one runs."""
-        self._unchecked += sum(len(a) for _, args in statements for a in args if isinstance(a, str))
+        self._unchecked += sum(len(a) for _, args in statements for a in args if isinstance(a, (str, bytes)))
         if self._unchecked < self.checkpoint_bytes or self._checkpointing or self._closed:
             return
         self._unchecked = 0
@@ -186,22 +194,34 @@ class SqliteJournal:
         taken from the turn it ends with. A state whose turn row is missing (a damaged or edited
         journal) is left out, with a warning: the program's next request then renders afresh
         (a new segment), where guessed ids would have made a wrong prompt look like a match."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT c.program_id, c.body, t.body FROM conversations c LEFT JOIN turns t "
-                "ON t.program_id = c.program_id AND t.idx = json_extract(c.body, '$.turn_index')"
-            ).fetchall()
         out = {}
-        for pid, body, turn_body in rows:
-            if only is not None and pid not in only:
-                continue
-            state = json.loads(body)
-            if turn_body is None and "prompt_ids" not in state:
-                log.warning("journal: program %s's conversation ends at a turn it does not hold", pid)
-                continue
-            turn = json.loads(turn_body) if turn_body is not None else {}
-            ids = turn.get("prompt_ids", []), turn.get("completion_ids", [])
-            out[pid] = ConversationState.from_json(state, *ids)
+        with self._lock:
+            rows = self._db.execute("SELECT program_id, tools_key, body FROM conversations").fetchall()
+            for pid, tools_key, body in rows:
+                if only is not None and pid not in only:
+                    continue
+                state = json.loads(body)
+                at, seg = state["turn_index"], state["segment"]
+                turns = rebuild(
+                    pid,
+                    self._db.execute(
+                        f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? AND segment = ? "
+                        "AND idx <= ? ORDER BY idx",
+                        (pid, seg, at),
+                    ),
+                )
+                if not turns or turns[-1][1].index != at or tools_key is None:
+                    log.warning("journal: program %s's conversation ends at a turn it does not hold", pid)
+                    continue
+                n = state.pop("n_messages")
+                messages = self._db.execute(
+                    "SELECT body FROM messages WHERE program_id = ? AND idx < ? ORDER BY idx", (pid, n)
+                ).fetchall()
+                turn = turns[-1][1]
+                state.update(tools_key=tools_key, messages=[json.loads(m[0]) for m in messages])
+                out[pid] = ConversationState.from_json(state, turn.prompt_ids, turn.completion_ids)
+                self._last_turn[pid] = LastTurn.of(turn, seg)
+                self._last_state[pid] = (seg, n)
         return out
 
     # turns ----------------------------------------------------------------
@@ -213,24 +233,52 @@ class SqliteJournal:
         events: list[Event],
         state: ConversationState,
     ) -> None:
-        """Durably append the turn, its events, the conversation state and the program row."""
+        """Durably append the turn, its events, the conversation state and the program row.
+
+        O(new tokens): the turn's prompt is stored past its segment's previous turn and the
+        state's messages past the previous state's (``journal_rows``)."""
+        pid = program.id
+        last = self._last_turn.get(pid) or self._read_last_turn(pid)
+        reused = last.reused_by(turn, segment) if last is not None else 0
+        seg_n = self._last_state.get(pid)
+        since = seg_n[1] if seg_n is not None and seg_n[0] == state.segment else 0
+        since = min(since, len(state.messages))
+        d = state.to_json(since=since)
+        new_messages = d.pop("messages")
+        tools_key = d.pop("tools_key") if since == 0 else None  # unchanged within a segment
+        d["n_messages"] = len(state.messages)
         stmts: list[Statement] = [
-            (
-                "INSERT INTO turns (program_id, idx, segment, body) VALUES (?, ?, ?, ?)",
-                (program.id, turn.index, segment, turn.model_dump_json()),
-            ),
-            (
-                "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
-                "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
-                (program.id, pydantic_core.to_json(state.to_json()).decode()),
-            ),
-            ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
+            (INSERT_TURN, turn_row(pid, turn, segment, reused)),
+            (UPSERT_CONVERSATION, (pid, tools_key, pydantic_core.to_json(d).decode())),
+            ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), pid)),
         ]
         stmts += [
-            ("INSERT INTO events (program_id, body) VALUES (?, ?)", (program.id, e.model_dump_json()))
+            (PUT_MESSAGE, (pid, since + k, pydantic_core.to_json(m).decode()))
+            for k, m in enumerate(new_messages)
+        ]
+        stmts += [
+            ("INSERT INTO events (program_id, body) VALUES (?, ?)", (pid, e.model_dump_json()))
             for e in events
         ]
-        await self.commit(stmts)
+        self._last_turn[pid] = LastTurn.of(turn, segment)
+        self._last_state[pid] = (state.segment, len(state.messages))
+        try:
+            await self.commit(stmts)
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):  # a cancelled waiter's rows still commit
+                self._last_turn.pop(pid, None)  # the next turn reads what the file holds
+                self._last_state.pop(pid, None)
+            raise
+
+    def _read_last_turn(self, program_id: str) -> LastTurn | None:
+        """The program's latest turn as the file holds it (after a failed commit, or for a
+        program whose state was not loaded): one row, O(its new tokens)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? ORDER BY idx DESC LIMIT 1",
+                (program_id,),
+            ).fetchone()
+        return None if row is None else LastTurn.of_row(row)
 
     async def commit(self, stmts: list[Statement]) -> None:
         """Return once ``stmts`` are committed (group commit; see the module docstring).
@@ -286,37 +334,24 @@ class SqliteJournal:
             )
 
     def trajectory(self, program_id: str) -> Trajectory:
-        """Rebuild a program's trajectory from the journal (segments validated on the way)."""
+        """Rebuild a program's trajectory from the journal (segments validated on the way).
+        On the caller's thread, with the loop's connection: from the event loop, ``atrajectory``."""
         with self._lock:
-            prow = self._db.execute(
-                "SELECT body, outcome FROM programs WHERE id = ?", (program_id,)
-            ).fetchone()
-            turns = self._db.execute(
-                "SELECT segment, body FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
-            ).fetchall()
-            events = self._db.execute(
-                "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
-            ).fetchall()
-        if prow is None:
-            raise NotFound(f"no program {program_id!r}")
-        program = Program.model_validate_json(prow[0])
-        segments: list[Segment] = []
-        last = None
-        for seg, body in turns:
-            if seg != last:
-                segments.append(Segment())
-                last = seg
-            segments[-1].turns.append(Turn.model_validate_json(body))
-        return Trajectory(
-            id=f"traj_{program.id.removeprefix('prog_')}",
-            program_id=program.id,
-            group_id=program.group_id,
-            task_id=program.task_id,
-            segments=[Segment.model_validate(s.model_dump()) for s in segments],
-            events=[Event.model_validate_json(e[0]) for e in events],
-            outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
-            metadata={"program": program.public()},
-        )
+            rows = _trajectory_rows(self._db, program_id)
+        return _trajectory(program_id, *rows)
+
+    async def atrajectory(self, program_id: str) -> Trajectory:
+        """``trajectory`` on a worker thread with a connection of its own: reading back and
+        rebuilding a long trajectory (tens of ms at 30k tokens) leaves the event loop free."""
+        return await asyncio.to_thread(self._trajectory_apart, program_id)
+
+    def _trajectory_apart(self, program_id: str) -> Trajectory:
+        db = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            rows = _trajectory_rows(db, program_id)
+        finally:
+            db.close()
+        return _trajectory(program_id, *rows)
 
     def program_ids(self, group_id: str | None = None) -> list[str]:
         with self._lock:
@@ -329,3 +364,50 @@ class SqliteJournal:
                 "SELECT COUNT(*) FROM turns WHERE program_id = ?", (program_id,)
             ).fetchone()
         return int(row[0])
+
+
+Rows = tuple[tuple[str, str | None] | None, list[tuple[Any, ...]], list[tuple[str]]]
+
+
+def _trajectory_rows(db: sqlite3.Connection, program_id: str) -> Rows:
+    """A program's row, turn rows and event rows, read in one transaction (a consistent view)."""
+    db.execute("BEGIN")
+    try:
+        prow = db.execute("SELECT body, outcome FROM programs WHERE id = ?", (program_id,)).fetchone()
+        turns = db.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
+        ).fetchall()
+        events = db.execute(
+            "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
+        ).fetchall()
+    finally:
+        db.execute("COMMIT")
+    return prow, turns, events
+
+
+def _trajectory(
+    program_id: str,
+    prow: tuple[str, str | None] | None,
+    turns: list[tuple[Any, ...]],
+    events: list[tuple[str]],
+) -> Trajectory:
+    if prow is None:
+        raise NotFound(f"no program {program_id!r}")
+    program = Program.model_validate_json(prow[0])
+    by_segment: list[list[Turn]] = []
+    last = None
+    for seg, turn in rebuild(program_id, turns):
+        if seg != last:
+            by_segment.append([])
+            last = seg
+        by_segment[-1].append(turn)
+    return Trajectory(
+        id=f"traj_{program.id.removeprefix('prog_')}",
+        program_id=program.id,
+        group_id=program.group_id,
+        task_id=program.task_id,
+        segments=[Segment(turns=ts) for ts in by_segment],  # each checked: its prompts extend
+        events=[Event.model_validate_json(e[0]) for e in events],
+        outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
+        metadata={"program": program.public()},
+    )

@@ -1,0 +1,152 @@
+"""How a turn is stored: its new tokens only, ids and logprobs as packed binary.
+
+Within a segment a turn's prompt is the previous turn's prompt and completion followed by
+what is new (an eos that closes the previous completion, the new messages, the generation
+prompt), so a row holds ``reused`` (how many leading prompt ids are the previous turn's prompt
++ completion) and the tail after them; ``rebuild`` puts full prompts back on read. A turn that
+starts a segment has ``reused`` 0 and its whole prompt as the tail. Bytes per turn are then
+linear in the turn's new tokens, where storing every prompt whole made a conversation's journal
+quadratic in its length.
+
+Packing: ids as uint16 when every id fits (vocabularies up to 65,536), else int32, else int64;
+logprobs as float32 when that is exact (vLLM computes them in fp32), else float64. The first
+byte of a blob names its type, so every value reads back exactly as it was given. Both take
+time linear in the new tokens only, on the event loop (see ``recorder``'s docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from rollyard.core.errors import DataError
+from rollyard.core.trajectory import Turn
+
+_BIG_ENDIAN = sys.byteorder == "big"  # blobs are little-endian whatever the machine
+_ID_CODES = "Hiq"
+_LOGPROB_CODES = "fd"
+# The fields a row keeps outside its meta JSON.
+PACKED = frozenset({"prompt_ids", "completion_ids", "completion_logprobs"})
+
+
+def _pack(a: array[Any]) -> bytes:
+    if _BIG_ENDIAN:
+        a.byteswap()
+    return a.typecode.encode() + a.tobytes()
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    for code in _ID_CODES:
+        try:
+            return _pack(array(code, ids))
+        except OverflowError:
+            continue
+    raise DataError("a token id does not fit 64 bits")
+
+
+def pack_logprobs(lps: list[float]) -> bytes:
+    narrow = array("f", lps)
+    return _pack(narrow if narrow.tolist() == lps else array("d", lps))
+
+
+def unpack(blob: bytes) -> list[Any]:
+    code = chr(blob[0])
+    if code not in _ID_CODES and code not in _LOGPROB_CODES:
+        raise DataError(f"journal blob of unknown type {code!r}")
+    a = array(code)
+    a.frombytes(blob[1:])
+    if _BIG_ENDIAN:
+        a.byteswap()
+    return a.tolist()
+
+
+@dataclass(frozen=True)
+class LastTurn:
+    """What the next turn of a program needs from its previous one, O(1) in its length: the
+    previous turn's index and segment, its prompt + completion length, and the ids at the
+    seams, checked before a prompt is stored as an extension of it."""
+
+    index: int
+    segment: int
+    end: int  # len(prompt) + len(completion)
+    seams: tuple[tuple[int, int], ...]  # (position, id): last prompt id, first and last completion id
+
+    @classmethod
+    def of(cls, turn: Turn, segment: int) -> LastTurn:
+        p = turn.prompt_ids
+        return cls.of_parts(turn.index, segment, len(p), p[-1], turn.completion_ids)
+
+    @classmethod
+    def of_parts(
+        cls, index: int, segment: int, prompt_len: int, last_prompt_id: int | None, completion: list[int]
+    ) -> LastTurn:
+        c = completion
+        seams = [] if last_prompt_id is None else [(prompt_len - 1, last_prompt_id)]
+        if c:
+            seams += [(prompt_len, c[0]), (prompt_len + len(c) - 1, c[-1])]
+        return cls(index, segment, prompt_len + len(c), tuple(seams))
+
+    @classmethod
+    def of_row(cls, row: tuple[Any, ...]) -> LastTurn:
+        """From a row of ``TURN_COLUMNS`` alone (O(its new tokens))."""
+        idx, seg, _, prompt_len, tail, c_blob = row[:6]
+        ids = unpack(tail)
+        return cls.of_parts(idx, seg, prompt_len, ids[-1] if ids else None, unpack(c_blob))
+
+    def reused_by(self, turn: Turn, segment: int) -> int:
+        """How many leading ids of ``turn``'s prompt to store as this turn's (0: none)."""
+        p = turn.prompt_ids
+        if segment != self.segment or turn.index != self.index + 1 or len(p) < self.end:
+            return 0
+        return self.end if all(p[i] == v for i, v in self.seams) else 0
+
+
+def turn_row(program_id: str, turn: Turn, segment: int, reused: int) -> tuple[Any, ...]:
+    """The ``turns`` row of ``turn`` (see ``INSERT_TURN``)."""
+    meta = turn.model_dump_json(exclude=PACKED)
+    return (
+        program_id,
+        turn.index,
+        segment,
+        reused,
+        len(turn.prompt_ids),
+        pack_ids(turn.prompt_ids[reused:]),
+        pack_ids(turn.completion_ids),
+        pack_logprobs(turn.completion_logprobs),
+        meta,
+    )
+
+
+INSERT_TURN = (
+    "INSERT INTO turns (program_id, idx, segment, reused, prompt_len, prompt_tail, completion_ids, "
+    "completion_logprobs, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+TURN_COLUMNS = "idx, segment, reused, prompt_len, prompt_tail, completion_ids, completion_logprobs, meta"
+
+
+def rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, Turn]]:
+    """``(segment, turn)`` per row (rows of ``TURN_COLUMNS`` in index order), full prompts put
+    back; a row that claims more of its predecessor than there is is a ``DataError``."""
+    out: list[tuple[int, Turn]] = []
+    prev: tuple[int, int, list[int]] | None = None  # segment, index, prompt + completion ids
+    for idx, seg, reused, prompt_len, tail, c_blob, lp_blob, meta in rows:
+        if reused:
+            if prev is None or prev[0] != seg or prev[1] != idx - 1 or reused > len(prev[2]):
+                raise DataError(
+                    f"journal: turn {idx} of program {program_id} extends a turn the journal does not hold"
+                )
+            prompt = prev[2][:reused] + unpack(tail)
+        else:
+            prompt = unpack(tail)
+        if len(prompt) != prompt_len:
+            raise DataError(f"journal: turn {idx} of program {program_id} rebuilds to a wrong length")
+        completion = unpack(c_blob)
+        fields = json.loads(meta)
+        fields.update(prompt_ids=prompt, completion_ids=completion, completion_logprobs=unpack(lp_blob))
+        out.append((seg, Turn.model_validate(fields)))
+        prev = (seg, idx, prompt + completion)
+    return out
