@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import sys
+import zlib
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import pydantic_core
 
 from rollyard.core.errors import DataError
 from rollyard.core.trajectory import Turn
@@ -29,6 +32,10 @@ from rollyard.core.trajectory import Turn
 _BIG_ENDIAN = sys.byteorder == "big"  # blobs are little-endian whatever the machine
 _ID_CODES = "Hiq"
 _LOGPROB_CODES = "fd"
+# A message's JSON longer than this is stored zlib-compressed (a BLOB; shorter ones as TEXT):
+# tool outputs are most of a conversation's text, and code and logs compress ~3x (level 1:
+# ~20 us for a 2.4 KB tool output). The text stays in the events and the turn ids regardless.
+COMPRESS_MESSAGE_BYTES = 512
 # The fields a row keeps outside its meta JSON.
 PACKED = frozenset({"prompt_ids", "completion_ids", "completion_logprobs"})
 
@@ -62,6 +69,15 @@ def unpack(blob: bytes) -> list[Any]:
     if _BIG_ENDIAN:
         a.byteswap()
     return a.tolist()
+
+
+def pack_message(m: dict[str, Any]) -> str | bytes:
+    text = pydantic_core.to_json(m)
+    return zlib.compress(text, 1) if len(text) > COMPRESS_MESSAGE_BYTES else text.decode()
+
+
+def unpack_message(body: str | bytes) -> dict[str, Any]:
+    return json.loads(zlib.decompress(body) if isinstance(body, bytes) else body)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import sqlite3
 
 from rollyard.core.errors import ConfigError
 from rollyard.core.trajectory import Turn
-from rollyard.gateway.journal_rows import INSERT_TURN, turn_row
+from rollyard.gateway.journal_rows import INSERT_TURN, pack_message, turn_row
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,24 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, program_id TEXT NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_program ON events (program_id);
 CREATE TABLE IF NOT EXISTS conversations (
-    program_id TEXT PRIMARY KEY, tools_key TEXT, body TEXT NOT NULL);  -- tools_key: set by a segment's first state
+    -- tools_key: set by a segment's first state (NULL in a later state's row: unchanged)
+    program_id TEXT PRIMARY KEY, tools_key TEXT, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
-    program_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
+    program_id TEXT NOT NULL, idx INTEGER NOT NULL, body NOT NULL,  -- JSON text, or zlib'd JSON
     PRIMARY KEY (program_id, idx));
+"""
+
+# Schema 1, as rollyard wrote it before: kept to build old journals in the migration's test and
+# the size bench's baseline.
+SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS programs (id TEXT PRIMARY KEY, body TEXT NOT NULL, outcome TEXT);
+CREATE TABLE IF NOT EXISTS turns (
+    program_id TEXT NOT NULL, idx INTEGER NOT NULL, segment INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (program_id, idx));
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, program_id TEXT NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_program ON events (program_id);
+CREATE TABLE IF NOT EXISTS conversations (program_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
 UPSERT_CONVERSATION = (
@@ -102,7 +116,7 @@ def _migrate_v1(db: sqlite3.Connection, path: object) -> None:
         tools_key = state.pop("tools_key")
         state["n_messages"] = len(messages)
         db.execute(UPSERT_CONVERSATION, (pid, tools_key, json.dumps(state)))
-        db.executemany(PUT_MESSAGE, [(pid, i, json.dumps(m)) for i, m in enumerate(messages)])
+        db.executemany(PUT_MESSAGE, [(pid, i, pack_message(m)) for i, m in enumerate(messages)])
     db.execute("DROP TABLE turns_v1")
     db.execute("DROP TABLE conversations_v1")
     log.info("journal %s migrated to schema %d: %d turns of %d programs", path, VERSION, turns, len(pids))

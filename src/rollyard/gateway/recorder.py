@@ -48,7 +48,15 @@ import pydantic_core
 from rollyard.core.errors import JournalUnavailable, NotFound
 from rollyard.core.program import Program
 from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
-from rollyard.gateway.journal_rows import INSERT_TURN, TURN_COLUMNS, LastTurn, rebuild, turn_row
+from rollyard.gateway.journal_rows import (
+    INSERT_TURN,
+    TURN_COLUMNS,
+    LastTurn,
+    pack_message,
+    rebuild,
+    turn_row,
+    unpack_message,
+)
 from rollyard.gateway.journal_schema import PUT_MESSAGE, UPSERT_CONVERSATION, open_schema
 from rollyard.gateway.renderer import ConversationState
 
@@ -218,7 +226,7 @@ class SqliteJournal:
                     "SELECT body FROM messages WHERE program_id = ? AND idx < ? ORDER BY idx", (pid, n)
                 ).fetchall()
                 turn = turns[-1][1]
-                state.update(tools_key=tools_key, messages=[json.loads(m[0]) for m in messages])
+                state.update(tools_key=tools_key, messages=[unpack_message(m[0]) for m in messages])
                 out[pid] = ConversationState.from_json(state, turn.prompt_ids, turn.completion_ids)
                 self._last_turn[pid] = LastTurn.of(turn, seg)
                 self._last_state[pid] = (seg, n)
@@ -252,10 +260,7 @@ class SqliteJournal:
             (UPSERT_CONVERSATION, (pid, tools_key, pydantic_core.to_json(d).decode())),
             ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), pid)),
         ]
-        stmts += [
-            (PUT_MESSAGE, (pid, since + k, pydantic_core.to_json(m).decode()))
-            for k, m in enumerate(new_messages)
-        ]
+        stmts += [(PUT_MESSAGE, (pid, since + k, pack_message(m))) for k, m in enumerate(new_messages)]
         stmts += [
             ("INSERT INTO events (program_id, body) VALUES (?, ?)", (pid, e.model_dump_json()))
             for e in events
