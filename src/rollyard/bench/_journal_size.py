@@ -143,3 +143,23 @@ def journal_bytes_per_new_token(
         "fixed_bytes_per_turn": fixed,  # bytes per turn beyond 1.2 x 8 B x its new tokens
         "within_bound": fixed <= FIXED_BYTES_PER_TURN,
     }
+
+
+def main() -> None:
+    """``python -m rollyard.bench._journal_size [MODEL_DIR]``: the figures for the tiny model
+    (created in a temporary directory when no model dir is given)."""
+    import sys
+
+    from rollyard.engines.tiny_model import create_model
+
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = (
+            Path(sys.argv[1]) if len(sys.argv) > 1 else create_model(Path(d) / "tiny", seed=0, size="tiny")
+        )
+        for turns in (8, 32, 64):
+            r = journal_bytes_per_new_token(model_dir, turns=turns)
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -399,19 +399,24 @@ def _trajectory(
     if prow is None:
         raise NotFound(f"no program {program_id!r}")
     program = Program.model_validate_json(prow[0])
-    by_segment: list[list[Turn]] = []
-    last = None
-    for seg, turn in rebuild(program_id, turns):
-        if seg != last:
-            by_segment.append([])
-            last = seg
-        by_segment[-1].append(turn)
-    return Trajectory(
+    segments: list[Segment] = []
+    run: list[Turn] = []
+    checked = True  # every turn of ``run`` after its first extends it by construction
+    for i, (seg, turn, extends) in enumerate(rebuild(program_id, turns)):
+        run.append(turn)
+        checked = checked and (extends or len(run) == 1)
+        if i + 1 == len(turns) or turns[i + 1][1] != seg:  # the segment ends here
+            # a segment of constructed extensions needs no O(context) prefix comparisons
+            segments.append(Segment.model_construct(turns=run) if checked else Segment(turns=run))
+            run, checked = [], True
+    # Built without validation: every part was validated above, and pydantic would run each
+    # segment's prefix check again (an after-validator runs on instances too).
+    return Trajectory.model_construct(
         id=f"traj_{program.id.removeprefix('prog_')}",
         program_id=program.id,
         group_id=program.group_id,
         task_id=program.task_id,
-        segments=[Segment(turns=ts) for ts in by_segment],  # each checked: its prompts extend
+        segments=segments,
         events=[Event.model_validate_json(e[0]) for e in events],
         outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
         metadata={"program": program.public()},
