@@ -55,15 +55,23 @@ async def _lag_during(read: asyncio.Future[Trajectory]) -> float:
 
 
 async def test_a_30k_token_trajectory_reads_back_off_the_loop(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Three reads per attempt, the worst 5 ms-sleep overshoot of each attempt: one attempt of
+    three must stay <= 50 ms (a burst of outside load on the shared cores spoils one attempt,
+    a read that holds the loop spoils all three)."""
     journal = SqliteJournal(tmp_path / "j.db")
     renderer = Renderer(FastTokenizer(tiny_model_dir))
     turns = [p async for p in conversation(journal, renderer, turns=40, tool_chars=3200)]
     pid = turns[0][0].id
-    lags = []
+    attempts = []
     for _ in range(3):
-        read = asyncio.ensure_future(journal.atrajectory(pid))
-        lags.append(await _lag_during(read))
-        traj = read.result()
+        lags = []
+        for _ in range(3):
+            read = asyncio.ensure_future(journal.atrajectory(pid))
+            lags.append(await _lag_during(read))
+            traj = read.result()
+        attempts.append(max(lags))
+        if attempts[-1] <= 0.050:
+            break
     t = time.perf_counter()
     on_loop = journal.trajectory(pid)  # the same read, holding the loop (for the message only)
     held_ms = 1000 * (time.perf_counter() - t)
@@ -71,9 +79,8 @@ async def test_a_30k_token_trajectory_reads_back_off_the_loop(tiny_model_dir: Pa
     assert traj.num_turns == 40 and len(traj.segments) == 1
     assert traj.turns[-1].total_tokens >= 30_000
     assert traj == on_loop
-    assert max(lags) <= 0.050, (
-        f"loop lag {[round(1000 * x, 1) for x in lags]} ms (on the loop: {held_ms:.0f} ms)"
-    )
+    worst = [round(1000 * x, 1) for x in attempts]
+    assert min(attempts) <= 0.050, f"loop lag {worst} ms per attempt (the read on the loop: {held_ms:.0f} ms)"
 
 
 def _turn(index: int, prompt: list[int], completion: list[int], lps: list[float]) -> Turn:
@@ -132,6 +139,20 @@ async def test_a_turn_that_does_not_extend_its_segment_is_still_refused_on_read(
     assert journal._db.execute("SELECT reused FROM turns WHERE idx = 1").fetchone() == (0,)  # stored whole
     with pytest.raises(ValidationError, match="does not extend"):
         journal.trajectory(program.id)
+    journal.close()
+
+
+async def test_a_turn_whose_commit_fails_is_not_what_the_next_one_is_stored_against(tmp_path: Path) -> None:
+    journal = SqliteJournal(tmp_path / "j.db")
+    program = Program()
+    journal.save_program(program)
+    await journal.record_turn(program, T0, 0, [], _state(T0, 0, MESSAGES[0]))
+    # refused (turn 0 again): its ids fit turn 1's prompt at every seam, 7 ids long where turn 0 has 5
+    clash = _turn(0, [1, 2, 3, 70_000, 5, 0], [6], [-0.5])
+    with pytest.raises(sqlite3.IntegrityError):
+        await journal.record_turn(program, clash, 0, [], _state(clash, 0, MESSAGES[0]))
+    await journal.record_turn(program, T1, 0, [], _state(T1, 0, MESSAGES[1]))
+    assert (await journal.atrajectory(program.id)).segments == [Segment(turns=[T0, T1])]
     journal.close()
 
 

@@ -40,6 +40,7 @@ import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,8 @@ class SqliteJournal:
         # and then read back from the file).
         self._last_turn: dict[str, LastTurn] = {}
         self._last_state: dict[str, tuple[int, int]] = {}  # segment, messages stored
-        self._queue: list[tuple[list[Statement], asyncio.Future[None]]] = []
+        # statements, their waiter, and what to undo if they fail (run even if the waiter is gone)
+        self._queue: list[tuple[list[Statement], asyncio.Future[None], Callable[[], None] | None]] = []
         self._flush_pending = False
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoints = 0  # completed background checkpoints
@@ -110,7 +112,7 @@ class SqliteJournal:
         self._closed = True
         self._checkpointer.submit(self._close_checkpointer).result()  # after a running checkpoint
         self._checkpointer.shutdown()
-        leftovers = [s for stmts, _ in self._queue for s in stmts]
+        leftovers = [s for stmts, _, _ in self._queue for s in stmts]
         self._queue = []
         if leftovers:
             self._tx(leftovers)
@@ -182,6 +184,8 @@ class SqliteJournal:
     # programs -------------------------------------------------------------
     def save_program(self, program: Program, outcome: Outcome | None = None) -> None:
         out = outcome.model_dump_json() if outcome is not None else None
+        if outcome is not None:  # finished
+            self._forget(program.id)
         self._tx(
             [
                 (
@@ -267,13 +271,14 @@ class SqliteJournal:
         ]
         self._last_turn[pid] = LastTurn.of(turn, segment)
         self._last_state[pid] = (state.segment, len(state.messages))
-        try:
-            await self.commit(stmts)
-        except BaseException as e:
-            if not isinstance(e, asyncio.CancelledError):  # a cancelled waiter's rows still commit
-                self._last_turn.pop(pid, None)  # the next turn reads what the file holds
-                self._last_state.pop(pid, None)
-            raise
+        await self.commit(stmts, on_error=lambda: self._forget(pid))
+
+    def _forget(self, program_id: str) -> None:
+        """Drop what the program's next turn would be stored relative to: after a failed commit
+        it is read back from the file (``_read_last_turn``; the state's messages are written
+        whole), and a finished program takes no more turns."""
+        self._last_turn.pop(program_id, None)
+        self._last_state.pop(program_id, None)
 
     def _read_last_turn(self, program_id: str) -> LastTurn | None:
         """The program's latest turn as the file holds it (after a failed commit, or for a
@@ -285,14 +290,15 @@ class SqliteJournal:
             ).fetchone()
         return None if row is None else LastTurn.of_row(row)
 
-    async def commit(self, stmts: list[Statement]) -> None:
+    async def commit(self, stmts: list[Statement], on_error: Callable[[], None] | None = None) -> None:
         """Return once ``stmts`` are committed (group commit; see the module docstring).
 
         A caller cancelled while waiting does not un-commit: its statements are already queued.
+        ``on_error`` runs if they fail, whether or not the caller still waits.
         """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._queue.append((stmts, done))
+        self._queue.append((stmts, done, on_error))
         if not self._flush_pending:
             self._flush_pending = True
             loop.call_soon(self._flush)
@@ -310,11 +316,13 @@ class SqliteJournal:
         if not batch:
             return
         try:
-            self._tx([s for stmts, _ in batch for s in stmts])
+            self._tx([s for stmts, _, _ in batch for s in stmts])
             results: list[BaseException | None] = [None] * len(batch)
         except (sqlite3.Error, JournalUnavailable):  # find the culprit: one transaction per caller
-            results = [self._try_tx(stmts) for stmts, _ in batch]
-        for (_, done), err in zip(batch, results, strict=True):
+            results = [self._try_tx(stmts) for stmts, _, _ in batch]
+        for (_, done, on_error), err in zip(batch, results, strict=True):
+            if err is not None and on_error is not None:
+                on_error()
             if done.done():
                 continue
             if err is None:
