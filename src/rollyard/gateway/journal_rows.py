@@ -20,7 +20,7 @@ import json
 import sys
 import zlib
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +145,11 @@ TURN_COLUMNS = "idx, segment, reused, prompt_len, prompt_tail, completion_ids, c
 
 
 def rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, Turn, bool]]:
+    """All of ``iter_rebuild``."""
+    return list(iter_rebuild(program_id, rows))
+
+
+def iter_rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, Turn, bool]]:
     """``(segment, turn, extends)`` per row (rows of ``TURN_COLUMNS`` in index order), full
     prompts put back; ``extends``: stored as its predecessor's prompt + completion + a tail, so
     it extends it by construction. A row that claims more of its predecessor than there is is
@@ -153,7 +158,6 @@ def rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int,
     Each turn is validated on its new parts only (the tail, the completion, the metadata), then
     given its full prompt: the prefix's ids were checked in the rows before, and validating
     every prompt whole made reading a 30k-token trajectory several times slower."""
-    out: list[tuple[int, Turn, bool]] = []
     prev: tuple[int, int, list[int], list[int]] | None = None  # segment, index, prompt, completion
     for idx, seg, reused, prompt_len, tail_blob, c_blob, lp_blob, meta in rows:
         tail = unpack(tail_blob)
@@ -177,6 +181,5 @@ def rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int,
             prompt_ids=tail or prompt[-1:], completion_ids=completion, completion_logprobs=unpack(lp_blob)
         )
         turn = Turn.model_validate(fields).model_copy(update={"prompt_ids": prompt})
-        out.append((seg, turn, extends))
+        yield seg, turn, extends
         prev = (seg, idx, prompt, completion)
-    return out

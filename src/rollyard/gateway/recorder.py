@@ -40,6 +40,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from rollyard.gateway.journal_rows import (
     INSERT_TURN,
     TURN_COLUMNS,
     LastTurn,
+    iter_rebuild,
     pack_message,
     rebuild,
     turn_row,
@@ -67,6 +69,7 @@ Statement = tuple[str, tuple[Any, ...]]
 # Bytes of rows committed between checkpoints. A row's pages hold more than its text: 1 MB of
 # 4 KB rows, one commit each, kept the WAL at 5.8 MB (SQLite's own default: 1000 pages, 4 MB).
 CHECKPOINT_BYTES = 1 << 20
+REBUILD_SLICE_S = 0.002  # atrajectory's longest hold of the loop between yields
 
 
 class SqliteJournal:
@@ -354,17 +357,30 @@ class SqliteJournal:
         return _trajectory(program_id, *rows)
 
     async def atrajectory(self, program_id: str) -> Trajectory:
-        """``trajectory`` on a worker thread with a connection of its own: reading back and
-        rebuilding a long trajectory (tens of ms at 30k tokens) leaves the event loop free."""
-        return await asyncio.to_thread(self._trajectory_apart, program_id)
+        """``trajectory`` without holding the event loop: the rows are read on a worker thread
+        with a connection of its own (disk reads; WAL readers never block the writer), and the
+        turns are rebuilt on the loop a slice of at most ``REBUILD_SLICE_S`` at a time.
 
-    def _trajectory_apart(self, program_id: str) -> Trajectory:
+        Why not rebuild on the thread too: the rebuild is Python holding the GIL, so the loop
+        still waited for it, and worse, at every hand-over: measured on the shared 2-core
+        machine under load average 24, reading a 30k-token trajectory on a thread lagged the
+        loop 47-155 ms, more than the 52 ms the whole read took on the loop."""
+        prow, rows, events = await asyncio.to_thread(self._rows_apart, program_id)
+        turns: list[tuple[int, Turn, bool]] = []
+        until = time.perf_counter() + REBUILD_SLICE_S
+        for item in iter_rebuild(program_id, rows):
+            turns.append(item)
+            if time.perf_counter() > until:
+                await asyncio.sleep(0)  # let every other task run
+                until = time.perf_counter() + REBUILD_SLICE_S
+        return _trajectory(program_id, prow, rows, events, turns)
+
+    def _rows_apart(self, program_id: str) -> Rows:
         db = sqlite3.connect(str(self.path), isolation_level=None)
         try:
-            rows = _trajectory_rows(db, program_id)
+            return _trajectory_rows(db, program_id)
         finally:
             db.close()
-        return _trajectory(program_id, *rows)
 
     def program_ids(self, group_id: str | None = None) -> list[str]:
         with self._lock:
@@ -403,14 +419,16 @@ def _trajectory(
     prow: tuple[str, str | None] | None,
     turns: list[tuple[Any, ...]],
     events: list[tuple[str]],
+    rebuilt: list[tuple[int, Turn, bool]] | None = None,
 ) -> Trajectory:
+    """The trajectory of the rows (``rebuilt``: their turns, if rebuilt already)."""
     if prow is None:
         raise NotFound(f"no program {program_id!r}")
     program = Program.model_validate_json(prow[0])
     segments: list[Segment] = []
     run: list[Turn] = []
     checked = True  # every turn of ``run`` after its first extends it by construction
-    for i, (seg, turn, extends) in enumerate(rebuild(program_id, turns)):
+    for i, (seg, turn, extends) in enumerate(rebuilt if rebuilt is not None else rebuild(program_id, turns)):
         run.append(turn)
         checked = checked and (extends or len(run) == 1)
         if i + 1 == len(turns) or turns[i + 1][1] != seg:  # the segment ends here
