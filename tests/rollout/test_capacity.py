@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
-import psutil
 import pytest
 
 from rollyard.core.errors import ConfigError
@@ -75,7 +75,7 @@ def test_the_default_is_the_rule_on_this_machine_and_a_set_value_wins(tmp_path: 
             await dead.aclose()
 
     n = asyncio.run(slots(cfg))  # an engine that does not answer counts as engine.kv_tokens
-    cores = len(psutil.Process().cpu_affinity() or [1])
+    cores = len(os.sched_getaffinity(0))
     by_kv = PROGRAMS_PER_CONTEXT * cfg.engine.kv_tokens // cfg.engine.max_model_len  # type: ignore[operator]
     assert 1 <= n <= min(by_kv, PROGRAMS_PER_CORE * cores)
     assert asyncio.run(slots(config(run={"max_programs": 3}))) == 3

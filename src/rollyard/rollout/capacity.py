@@ -24,8 +24,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psutil
-
 from rollyard.engines.base import Backend
 from rollyard.rollout.config import Config
 
@@ -46,7 +44,19 @@ class Hardware:
     @classmethod
     def here(cls, engine_kv_tokens: Sequence[int]) -> Hardware:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return cls(tuple(engine_kv_tokens), cores, psutil.virtual_memory().available // (1 << 20))
+        return cls(tuple(engine_kv_tokens), cores, _available_mb())
+
+
+def _available_mb() -> int:
+    """MemAvailable (Linux: free + reclaimable), else free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1 << 20)
 
 
 def default_max_programs(cfg: Config, hw: Hardware) -> tuple[int, dict[str, int]]:
