@@ -12,11 +12,15 @@ Packing: ids as uint16 when every id fits (vocabularies up to 65,536), else int3
 logprobs as float32 when that is exact (vLLM computes them in fp32), else float64. The first
 byte of a blob names its type, so every value reads back exactly as it was given. Both take
 time linear in the new tokens only, on the event loop (see ``recorder``'s docstring).
+
+Reading: ``trajectory_rows`` reads a program's rows in one transaction, ``trajectory_of``
+makes its trajectory of them.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import zlib
 from array import array
@@ -26,8 +30,10 @@ from typing import Any
 
 import pydantic_core
 
-from rollyard.core.errors import DataError
-from rollyard.core.trajectory import Turn
+from rollyard.core.errors import DataError, NotFound
+from rollyard.core.events import Event
+from rollyard.core.program import Program
+from rollyard.core.trajectory import Outcome, Segment, Trajectory, Turn
 
 _BIG_ENDIAN = sys.byteorder == "big"  # blobs are little-endian whatever the machine
 _ID_CODES = "Hiq"
@@ -183,3 +189,57 @@ def iter_rebuild(program_id: str, rows: Iterable[tuple[Any, ...]]) -> Iterator[t
         turn = Turn.model_validate(fields).model_copy(update={"prompt_ids": prompt})
         yield seg, turn, extends
         prev = (seg, idx, prompt, completion)
+
+
+Rows = tuple[tuple[str, str | None] | None, list[tuple[Any, ...]], list[tuple[str]]]
+
+
+def trajectory_rows(db: sqlite3.Connection, program_id: str) -> Rows:
+    """A program's row, turn rows and event rows, read in one transaction (a consistent view)."""
+    db.execute("BEGIN")
+    try:
+        prow = db.execute("SELECT body, outcome FROM programs WHERE id = ?", (program_id,)).fetchone()
+        turns = db.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
+        ).fetchall()
+        events = db.execute(
+            "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
+        ).fetchall()
+    finally:
+        db.execute("COMMIT")
+    return prow, turns, events
+
+
+def trajectory_of(
+    program_id: str,
+    prow: tuple[str, str | None] | None,
+    turns: list[tuple[Any, ...]],
+    events: list[tuple[str]],
+    rebuilt: list[tuple[int, Turn, bool]] | None = None,
+) -> Trajectory:
+    """The trajectory of the rows (``rebuilt``: their turns, if rebuilt already)."""
+    if prow is None:
+        raise NotFound(f"no program {program_id!r}")
+    program = Program.model_validate_json(prow[0])
+    segments: list[Segment] = []
+    run: list[Turn] = []
+    checked = True  # every turn of ``run`` after its first extends it by construction
+    for i, (seg, turn, extends) in enumerate(rebuilt if rebuilt is not None else rebuild(program_id, turns)):
+        run.append(turn)
+        checked = checked and (extends or len(run) == 1)
+        if i + 1 == len(turns) or turns[i + 1][1] != seg:  # the segment ends here
+            # a segment of constructed extensions needs no O(context) prefix comparisons
+            segments.append(Segment.model_construct(turns=run) if checked else Segment(turns=run))
+            run, checked = [], True
+    # Built without validation: every part was validated above, and pydantic would run each
+    # segment's prefix check again (an after-validator runs on instances too).
+    return Trajectory.model_construct(
+        id=f"traj_{program.id.removeprefix('prog_')}",
+        program_id=program.id,
+        group_id=program.group_id,
+        task_id=program.task_id,
+        segments=segments,
+        events=[Event.model_validate_json(e[0]) for e in events],
+        outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
+        metadata={"program": program.public()},
+    )

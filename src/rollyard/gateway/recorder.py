@@ -47,16 +47,19 @@ from typing import Any
 
 import pydantic_core
 
-from rollyard.core.errors import JournalUnavailable, NotFound
+from rollyard.core.errors import JournalUnavailable
 from rollyard.core.program import Program
-from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
+from rollyard.core.trajectory import Event, Outcome, Trajectory, Turn
 from rollyard.gateway.journal_rows import (
     INSERT_TURN,
     TURN_COLUMNS,
     LastTurn,
+    Rows,
     iter_rebuild,
     pack_message,
     rebuild,
+    trajectory_of,
+    trajectory_rows,
     turn_row,
     unpack_message,
 )
@@ -353,8 +356,8 @@ class SqliteJournal:
         """Rebuild a program's trajectory from the journal (segments validated on the way).
         On the caller's thread, with the loop's connection: from the event loop, ``atrajectory``."""
         with self._lock:
-            rows = _trajectory_rows(self._db, program_id)
-        return _trajectory(program_id, *rows)
+            rows = trajectory_rows(self._db, program_id)
+        return trajectory_of(program_id, *rows)
 
     async def atrajectory(self, program_id: str) -> Trajectory:
         """``trajectory`` without holding the event loop: the rows are read on a worker thread
@@ -373,12 +376,12 @@ class SqliteJournal:
             if time.perf_counter() > until:
                 await asyncio.sleep(0)  # let every other task run
                 until = time.perf_counter() + REBUILD_SLICE_S
-        return _trajectory(program_id, prow, rows, events, turns)
+        return trajectory_of(program_id, prow, rows, events, turns)
 
     def _rows_apart(self, program_id: str) -> Rows:
         db = sqlite3.connect(str(self.path), isolation_level=None)
         try:
-            return _trajectory_rows(db, program_id)
+            return trajectory_rows(db, program_id)
         finally:
             db.close()
 
@@ -393,57 +396,3 @@ class SqliteJournal:
                 "SELECT COUNT(*) FROM turns WHERE program_id = ?", (program_id,)
             ).fetchone()
         return int(row[0])
-
-
-Rows = tuple[tuple[str, str | None] | None, list[tuple[Any, ...]], list[tuple[str]]]
-
-
-def _trajectory_rows(db: sqlite3.Connection, program_id: str) -> Rows:
-    """A program's row, turn rows and event rows, read in one transaction (a consistent view)."""
-    db.execute("BEGIN")
-    try:
-        prow = db.execute("SELECT body, outcome FROM programs WHERE id = ?", (program_id,)).fetchone()
-        turns = db.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
-        ).fetchall()
-        events = db.execute(
-            "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
-        ).fetchall()
-    finally:
-        db.execute("COMMIT")
-    return prow, turns, events
-
-
-def _trajectory(
-    program_id: str,
-    prow: tuple[str, str | None] | None,
-    turns: list[tuple[Any, ...]],
-    events: list[tuple[str]],
-    rebuilt: list[tuple[int, Turn, bool]] | None = None,
-) -> Trajectory:
-    """The trajectory of the rows (``rebuilt``: their turns, if rebuilt already)."""
-    if prow is None:
-        raise NotFound(f"no program {program_id!r}")
-    program = Program.model_validate_json(prow[0])
-    segments: list[Segment] = []
-    run: list[Turn] = []
-    checked = True  # every turn of ``run`` after its first extends it by construction
-    for i, (seg, turn, extends) in enumerate(rebuilt if rebuilt is not None else rebuild(program_id, turns)):
-        run.append(turn)
-        checked = checked and (extends or len(run) == 1)
-        if i + 1 == len(turns) or turns[i + 1][1] != seg:  # the segment ends here
-            # a segment of constructed extensions needs no O(context) prefix comparisons
-            segments.append(Segment.model_construct(turns=run) if checked else Segment(turns=run))
-            run, checked = [], True
-    # Built without validation: every part was validated above, and pydantic would run each
-    # segment's prefix check again (an after-validator runs on instances too).
-    return Trajectory.model_construct(
-        id=f"traj_{program.id.removeprefix('prog_')}",
-        program_id=program.id,
-        group_id=program.group_id,
-        task_id=program.task_id,
-        segments=segments,
-        events=[Event.model_validate_json(e[0]) for e in events],
-        outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
-        metadata={"program": program.public()},
-    )
