@@ -180,7 +180,7 @@ async def run_program(
                 raise asyncio.CancelledError
             await gw.pool.refresh()
             continue
-        return gw.journal.trajectory(program.id)
+        return await gw.journal.atrajectory(program.id)  # off the loop: a long one takes tens of ms
     raise AssertionError("unreachable")
 
 

@@ -38,6 +38,7 @@ from rollyard.gateway.heap import tune_gc
 from rollyard.gateway.serve import bind_tcp, bind_unix_socket, uvicorn_config
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.tokenizer import FastTokenizer
+from rollyard.rollout.capacity import program_slots
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import MODEL_NAME
 from rollyard.rollout.interrupt import on_forced_exit
@@ -397,7 +398,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
                 # a program's sandbox goes when the gateway ends the program, however it ends
                 gw.gateway.programs.on_terminate(lambda p: pool.on_program_terminated(p.id))
                 try:
-                    slots = asyncio.Semaphore(cfg.run.max_programs)
+                    slots = asyncio.Semaphore(await program_slots(cfg, fleet.backends))
                     agent = program_agent(cfg, gw)
                     judge = make_judge(cfg.rewards.judge, gw.gateway, gw.url)
                     yield Services(cfg, fleet, gw, provider, pool, slots, agent, judge)
