@@ -385,3 +385,53 @@ def test_the_object_count_is_the_parsers_whenever_it_matters(value: Any, ascii_o
             assert n == first
         else:
             assert n == exact, (raw, n, exact)
+
+
+# --- issue 38: an output format whose type is not a string never reaches the engine ---
+
+FORMATS = [  # (route, field, a body's value for it given a format object ``f``)
+    ("/v1/chat/completions", "response_format", lambda f: f),
+    ("/v1/responses", "text", lambda f: {"format": f}),
+    ("/v1/messages", "output_config", lambda f: {"format": f}),
+]
+
+
+@pytest.fixture(scope="module")
+def fmt_server(
+    tok: FastTokenizer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, ScriptedBackend]]:
+    backend = ScriptedBackend(tok)
+    gw = build_gateway({"fake": backend}, tok, tmp_path_factory.mktemp("fmt") / "j.db", ADMIN, "tiny")
+    with serving(create_app(gw, poll_interval_s=0.2)) as url:
+        yield url, backend
+
+
+def api_error(path: str, r: httpx.Response) -> dict[str, Any]:
+    """The error object, checked to be in ``path``'s API's own shape."""
+    body = r.json()
+    if path == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    else:
+        assert set(body["error"]) >= {"message", "type", "param", "code"}, body
+        assert body["error"]["type"] == "invalid_request_error", body
+    return body["error"]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"type": 5}, {"type": None}, {"type": ["json_object"]}, 5, "json_object", []]
+)
+@pytest.mark.parametrize("path, field, wrap", FORMATS)
+def test_an_output_format_whose_type_is_not_a_string_is_400_in_the_apis_format(
+    fmt_server: tuple[str, ScriptedBackend], path: str, field: str, wrap: Any, bad: Any
+) -> None:
+    url, backend = fmt_server
+    key = httpx.post(f"{url}/programs", json={}, headers={"x-api-key": ADMIN}).json()["api_key"]
+    with httpx.Client(base_url=url, headers={"x-api-key": key}, timeout=30) as c:
+        served = len(backend.prompts)
+        r = c.post(path, json={**BASE[path], field: wrap(bad)})
+        assert r.status_code == 400, (r.status_code, r.text[:300])
+        assert field in api_error(path, r)["message"], r.text[:300]
+        assert len(backend.prompts) == served  # refused before the engine
+        ok = c.post(path, json={**BASE[path], field: wrap({"type": "json_object"})})
+        assert ok.status_code == 200, ok.text[:300]  # a well-typed one is served (and ignored)
+        assert len(backend.prompts) == served + 1

@@ -20,6 +20,14 @@ connection (SQLite connections stay on the thread that made them; a PASSIVE chec
 blocks the loop's writers, it copies what no reader still needs). Durability is unchanged: a
 commit is durable once in the WAL, whether or not a checkpoint has copied it yet, and a
 checkpoint cut short by a crash is redone from the WAL when the file is next opened.
+
+Rows are linear in tokens (``journal_rows``): a turn stores the ids its prompt adds to its
+segment's previous turn, packed binary, and a conversation state stores the messages added
+since the previous state (``messages`` rows; a new segment writes its messages afresh). So a
+commit's work on the loop is O(new tokens) and the file grows with the tokens, not with the
+turns x the context. Full prompts are rebuilt on read; ``atrajectory`` reads and rebuilds on a
+worker thread with its own connection (WAL readers never block the loop's writer). The
+tables and the migration of older journals: ``journal_schema``.
 """
 
 from __future__ import annotations
@@ -32,14 +40,30 @@ import logging
 import os
 import sqlite3
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pydantic_core
 
-from rollyard.core.errors import JournalUnavailable, NotFound
+from rollyard.core.errors import JournalUnavailable
 from rollyard.core.program import Program
-from rollyard.core.trajectory import Event, Outcome, Segment, Trajectory, Turn
+from rollyard.core.trajectory import Event, Outcome, Trajectory, Turn
+from rollyard.gateway.journal_rows import (
+    INSERT_TURN,
+    TURN_COLUMNS,
+    LastTurn,
+    Rows,
+    iter_rebuild,
+    pack_message,
+    rebuild,
+    trajectory_of,
+    trajectory_rows,
+    turn_row,
+    unpack_message,
+)
+from rollyard.gateway.journal_schema import PUT_MESSAGE, UPSERT_CONVERSATION, open_schema
 from rollyard.gateway.renderer import ConversationState
 
 log = logging.getLogger(__name__)
@@ -48,17 +72,7 @@ Statement = tuple[str, tuple[Any, ...]]
 # Bytes of rows committed between checkpoints. A row's pages hold more than its text: 1 MB of
 # 4 KB rows, one commit each, kept the WAL at 5.8 MB (SQLite's own default: 1000 pages, 4 MB).
 CHECKPOINT_BYTES = 1 << 20
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS programs (id TEXT PRIMARY KEY, body TEXT NOT NULL, outcome TEXT);
-CREATE TABLE IF NOT EXISTS turns (
-    program_id TEXT NOT NULL, idx INTEGER NOT NULL, segment INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (program_id, idx));
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, program_id TEXT NOT NULL, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_program ON events (program_id);
-CREATE TABLE IF NOT EXISTS conversations (program_id TEXT PRIMARY KEY, body TEXT NOT NULL);
-"""
+REBUILD_SLICE_S = 0.002  # atrajectory's longest hold of the loop between yields
 
 
 class SqliteJournal:
@@ -75,8 +89,18 @@ class SqliteJournal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run on _checkpointer
-        self._db.executescript(_SCHEMA)
-        self._queue: list[tuple[list[Statement], asyncio.Future[None]]] = []
+        try:
+            open_schema(self._db, self.path)
+        except BaseException:
+            self._db.close()
+            raise
+        # Per program, what its next turn and state are stored relative to (set when queued,
+        # so a turn queued behind its predecessor builds on it; dropped when a commit fails,
+        # and then read back from the file).
+        self._last_turn: dict[str, LastTurn] = {}
+        self._last_state: dict[str, tuple[int, int]] = {}  # segment, messages stored
+        # statements, their waiter, and what to undo if they fail (run even if the waiter is gone)
+        self._queue: list[tuple[list[Statement], asyncio.Future[None], Callable[[], None] | None]] = []
         self._flush_pending = False
         self.checkpoint_bytes = checkpoint_bytes
         self.checkpoints = 0  # completed background checkpoints
@@ -94,7 +118,7 @@ class SqliteJournal:
         self._closed = True
         self._checkpointer.submit(self._close_checkpointer).result()  # after a running checkpoint
         self._checkpointer.shutdown()
-        leftovers = [s for stmts, _ in self._queue for s in stmts]
+        leftovers = [s for stmts, _, _ in self._queue for s in stmts]
         self._queue = []
         if leftovers:
             self._tx(leftovers)
@@ -103,7 +127,7 @@ class SqliteJournal:
 
     def _note_committed(self, statements: list[Statement]) -> None:
         """Count the rows' bytes; past ``checkpoint_bytes``, start a checkpoint unless one runs."""
-        self._unchecked += sum(len(a) for _, args in statements for a in args if isinstance(a, str))
+        self._unchecked += sum(len(a) for _, args in statements for a in args if isinstance(a, (str, bytes)))
         if self._unchecked < self.checkpoint_bytes or self._checkpointing or self._closed:
             return
         self._unchecked = 0
@@ -166,6 +190,8 @@ class SqliteJournal:
     # programs -------------------------------------------------------------
     def save_program(self, program: Program, outcome: Outcome | None = None) -> None:
         out = outcome.model_dump_json() if outcome is not None else None
+        if outcome is not None:  # finished
+            self._forget(program.id)
         self._tx(
             [
                 (
@@ -186,22 +212,34 @@ class SqliteJournal:
         taken from the turn it ends with. A state whose turn row is missing (a damaged or edited
         journal) is left out, with a warning: the program's next request then renders afresh
         (a new segment), where guessed ids would have made a wrong prompt look like a match."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT c.program_id, c.body, t.body FROM conversations c LEFT JOIN turns t "
-                "ON t.program_id = c.program_id AND t.idx = json_extract(c.body, '$.turn_index')"
-            ).fetchall()
         out = {}
-        for pid, body, turn_body in rows:
-            if only is not None and pid not in only:
-                continue
-            state = json.loads(body)
-            if turn_body is None and "prompt_ids" not in state:
-                log.warning("journal: program %s's conversation ends at a turn it does not hold", pid)
-                continue
-            turn = json.loads(turn_body) if turn_body is not None else {}
-            ids = turn.get("prompt_ids", []), turn.get("completion_ids", [])
-            out[pid] = ConversationState.from_json(state, *ids)
+        with self._lock:
+            rows = self._db.execute("SELECT program_id, tools_key, body FROM conversations").fetchall()
+            for pid, tools_key, body in rows:
+                if only is not None and pid not in only:
+                    continue
+                state = json.loads(body)
+                at, seg = state["turn_index"], state["segment"]
+                turns = rebuild(
+                    pid,
+                    self._db.execute(
+                        f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? AND segment = ? "
+                        "AND idx <= ? ORDER BY idx",
+                        (pid, seg, at),
+                    ),
+                )
+                if not turns or turns[-1][1].index != at or tools_key is None:
+                    log.warning("journal: program %s's conversation ends at a turn it does not hold", pid)
+                    continue
+                n = state.pop("n_messages")
+                messages = self._db.execute(
+                    "SELECT body FROM messages WHERE program_id = ? AND idx < ? ORDER BY idx", (pid, n)
+                ).fetchall()
+                turn = turns[-1][1]
+                state.update(tools_key=tools_key, messages=[unpack_message(m[0]) for m in messages])
+                out[pid] = ConversationState.from_json(state, turn.prompt_ids, turn.completion_ids)
+                self._last_turn[pid] = LastTurn.of(turn, seg)
+                self._last_state[pid] = (seg, n)
         return out
 
     # turns ----------------------------------------------------------------
@@ -213,33 +251,60 @@ class SqliteJournal:
         events: list[Event],
         state: ConversationState,
     ) -> None:
-        """Durably append the turn, its events, the conversation state and the program row."""
+        """Durably append the turn, its events, the conversation state and the program row.
+
+        O(new tokens): the turn's prompt is stored past its segment's previous turn and the
+        state's messages past the previous state's (``journal_rows``)."""
+        pid = program.id
+        last = self._last_turn.get(pid) or self._read_last_turn(pid)
+        reused = last.reused_by(turn, segment) if last is not None else 0
+        seg_n = self._last_state.get(pid)
+        since = seg_n[1] if seg_n is not None and seg_n[0] == state.segment else 0
+        since = min(since, len(state.messages))
+        d = state.to_json(since=since)
+        new_messages = d.pop("messages")
+        tools_key = d.pop("tools_key") if since == 0 else None  # unchanged within a segment
+        d["n_messages"] = len(state.messages)
         stmts: list[Statement] = [
-            (
-                "INSERT INTO turns (program_id, idx, segment, body) VALUES (?, ?, ?, ?)",
-                (program.id, turn.index, segment, turn.model_dump_json()),
-            ),
-            (
-                "INSERT INTO conversations (program_id, body) VALUES (?, ?) "
-                "ON CONFLICT(program_id) DO UPDATE SET body = excluded.body",
-                (program.id, pydantic_core.to_json(state.to_json()).decode()),
-            ),
-            ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), program.id)),
+            (INSERT_TURN, turn_row(pid, turn, segment, reused)),
+            (UPSERT_CONVERSATION, (pid, tools_key, pydantic_core.to_json(d).decode())),
+            ("UPDATE programs SET body = ? WHERE id = ?", (program.model_dump_json(), pid)),
         ]
+        stmts += [(PUT_MESSAGE, (pid, since + k, pack_message(m))) for k, m in enumerate(new_messages)]
         stmts += [
-            ("INSERT INTO events (program_id, body) VALUES (?, ?)", (program.id, e.model_dump_json()))
+            ("INSERT INTO events (program_id, body) VALUES (?, ?)", (pid, e.model_dump_json()))
             for e in events
         ]
-        await self.commit(stmts)
+        self._last_turn[pid] = LastTurn.of(turn, segment)
+        self._last_state[pid] = (state.segment, len(state.messages))
+        await self.commit(stmts, on_error=lambda: self._forget(pid))
 
-    async def commit(self, stmts: list[Statement]) -> None:
+    def _forget(self, program_id: str) -> None:
+        """Drop what the program's next turn would be stored relative to: after a failed commit
+        it is read back from the file (``_read_last_turn``; the state's messages are written
+        whole), and a finished program takes no more turns."""
+        self._last_turn.pop(program_id, None)
+        self._last_state.pop(program_id, None)
+
+    def _read_last_turn(self, program_id: str) -> LastTurn | None:
+        """The program's latest turn as the file holds it (after a failed commit, or for a
+        program whose state was not loaded): one row, O(its new tokens)."""
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {TURN_COLUMNS} FROM turns WHERE program_id = ? ORDER BY idx DESC LIMIT 1",
+                (program_id,),
+            ).fetchone()
+        return None if row is None else LastTurn.of_row(row)
+
+    async def commit(self, stmts: list[Statement], on_error: Callable[[], None] | None = None) -> None:
         """Return once ``stmts`` are committed (group commit; see the module docstring).
 
         A caller cancelled while waiting does not un-commit: its statements are already queued.
+        ``on_error`` runs if they fail, whether or not the caller still waits.
         """
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        self._queue.append((stmts, done))
+        self._queue.append((stmts, done, on_error))
         if not self._flush_pending:
             self._flush_pending = True
             loop.call_soon(self._flush)
@@ -257,11 +322,13 @@ class SqliteJournal:
         if not batch:
             return
         try:
-            self._tx([s for stmts, _ in batch for s in stmts])
+            self._tx([s for stmts, _, _ in batch for s in stmts])
             results: list[BaseException | None] = [None] * len(batch)
         except (sqlite3.Error, JournalUnavailable):  # find the culprit: one transaction per caller
-            results = [self._try_tx(stmts) for stmts, _ in batch]
-        for (_, done), err in zip(batch, results, strict=True):
+            results = [self._try_tx(stmts) for stmts, _, _ in batch]
+        for (_, done, on_error), err in zip(batch, results, strict=True):
+            if err is not None and on_error is not None:
+                on_error()
             if done.done():
                 continue
             if err is None:
@@ -286,37 +353,37 @@ class SqliteJournal:
             )
 
     def trajectory(self, program_id: str) -> Trajectory:
-        """Rebuild a program's trajectory from the journal (segments validated on the way)."""
+        """Rebuild a program's trajectory from the journal (segments validated on the way).
+        On the caller's thread, with the loop's connection: from the event loop, ``atrajectory``."""
         with self._lock:
-            prow = self._db.execute(
-                "SELECT body, outcome FROM programs WHERE id = ?", (program_id,)
-            ).fetchone()
-            turns = self._db.execute(
-                "SELECT segment, body FROM turns WHERE program_id = ? ORDER BY idx", (program_id,)
-            ).fetchall()
-            events = self._db.execute(
-                "SELECT body FROM events WHERE program_id = ? ORDER BY seq", (program_id,)
-            ).fetchall()
-        if prow is None:
-            raise NotFound(f"no program {program_id!r}")
-        program = Program.model_validate_json(prow[0])
-        segments: list[Segment] = []
-        last = None
-        for seg, body in turns:
-            if seg != last:
-                segments.append(Segment())
-                last = seg
-            segments[-1].turns.append(Turn.model_validate_json(body))
-        return Trajectory(
-            id=f"traj_{program.id.removeprefix('prog_')}",
-            program_id=program.id,
-            group_id=program.group_id,
-            task_id=program.task_id,
-            segments=[Segment.model_validate(s.model_dump()) for s in segments],
-            events=[Event.model_validate_json(e[0]) for e in events],
-            outcome=Outcome.model_validate_json(prow[1]) if prow[1] else None,
-            metadata={"program": program.public()},
-        )
+            rows = trajectory_rows(self._db, program_id)
+        return trajectory_of(program_id, *rows)
+
+    async def atrajectory(self, program_id: str) -> Trajectory:
+        """``trajectory`` without holding the event loop: the rows are read on a worker thread
+        with a connection of its own (disk reads; WAL readers never block the writer), and the
+        turns are rebuilt on the loop a slice of at most ``REBUILD_SLICE_S`` at a time.
+
+        Why not rebuild on the thread too: the rebuild is Python holding the GIL, so the loop
+        still waited for it, and worse, at every hand-over: measured on the shared 2-core
+        machine under load average 24, reading a 30k-token trajectory on a thread lagged the
+        loop 47-155 ms, more than the 52 ms the whole read took on the loop."""
+        prow, rows, events = await asyncio.to_thread(self._rows_apart, program_id)
+        turns: list[tuple[int, Turn, bool]] = []
+        until = time.perf_counter() + REBUILD_SLICE_S
+        for item in iter_rebuild(program_id, rows):
+            turns.append(item)
+            if time.perf_counter() > until:
+                await asyncio.sleep(0)  # let every other task run
+                until = time.perf_counter() + REBUILD_SLICE_S
+        return trajectory_of(program_id, prow, rows, events, turns)
+
+    def _rows_apart(self, program_id: str) -> Rows:
+        db = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            return trajectory_rows(db, program_id)
+        finally:
+            db.close()
 
     def program_ids(self, group_id: str | None = None) -> list[str]:
         with self._lock:

@@ -57,12 +57,13 @@ class ConversationState:
     segment: int = 0
     response_id: str = ""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, since: int = 0) -> dict[str, Any]:
         """Everything but the ids: they are turn ``turn_index``'s prompt and completion, which
         the journal already holds in that turn's row (written in the same transaction), so a
-        long context is serialized and stored once per turn, not twice."""
+        long context is serialized and stored once per turn, not twice. ``since``: only the
+        messages from there on (the journal stores what a turn adds to the previous state)."""
         return {
-            "messages": [_msg_json(m) for m in self.messages],
+            "messages": [_msg_json(m) for m in self.messages[since:]],
             "tools_key": self.tools_key,
             "returned": _msg_json(self.returned),
             "turn_index": self.turn_index,

@@ -7,6 +7,7 @@ None of it is served on the unix socket that sandboxes reach (403 there, even wi
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -129,7 +130,8 @@ async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
         gw.programs.get(program_id)
     except NotFound as e:
         return await _held_elsewhere(request, e)
-    return gw.journal.trajectory(program_id).model_dump(mode="json")
+    traj = await gw.journal.atrajectory(program_id)  # read, rebuilt and dumped off the loop
+    return await asyncio.to_thread(traj.model_dump, mode="json")
 
 
 @router.post("/programs/{program_id}/events")

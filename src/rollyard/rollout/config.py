@@ -257,7 +257,9 @@ class RunConfig(_Section):
     group_size: int = Field(default=4, ge=2)
     temperature: float = Field(default=1.0, ge=0.0)
     max_groups_in_flight: int = Field(default=8, ge=1)
-    max_programs: int = Field(default=24, ge=1)  # programs running at once (train + held-out)
+    # programs running at once (train + held-out); unset: what the engines' KV, the cores and the
+    # memory hold (rollout/capacity.py, docs/training.md)
+    max_programs: int | None = Field(default=None, ge=1)
     seed: int = 0
     # steps between sharded checkpoints (always after the last); each is a collective write of
     # model and optimizer, so not every step. Resuming replays at most this many steps.

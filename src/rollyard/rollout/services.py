@@ -28,6 +28,7 @@ from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
+from rollyard.rollout.capacity import program_slots
 from rollyard.rollout.config import Config
 from rollyard.rollout.gateway_proc import GatewayServer, start_gateway
 from rollyard.rollout.interrupt import on_forced_exit
@@ -298,7 +299,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
                 provider = make_provider(cfg, run_dir)
                 pool = SandboxPool(provider, ahead=cfg.sandbox.ahead, deadline_s=cfg.agent.timeout_s * 2 + 60)
                 try:
-                    slots = asyncio.Semaphore(cfg.run.max_programs)
+                    slots = asyncio.Semaphore(await program_slots(cfg, fleet.backends))
                     agent = program_agent(cfg, gw)
                     judge = make_judge(cfg.rewards.judge, gw.client, gw.url)
                     yield Services(cfg, fleet, gw, provider, pool, slots, agent, judge)

@@ -9,6 +9,7 @@ from pydantic import Field, Tag
 from rollyard.gateway.bodies.common import (
     Body,
     Bool,
+    FormatHolder,
     MaxTokens,
     Name,
     Part,
@@ -149,7 +150,7 @@ class MessagesBody(Body):
     stream: Bool | None = False
     thinking: dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None
+    output_config: FormatHolder | None = None
     metadata: dict[str, Any] | None = None
     stop_sequences: list[str] | None = None
     service_tier: str | None = None

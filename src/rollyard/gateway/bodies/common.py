@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Strict
 from typing_extensions import TypedDict
@@ -41,6 +41,25 @@ class Part(TypedDict):
     A TypedDict, not a model: validated in pydantic-core into plain dicts, ~2.5x faster than
     building a model instance per message and part (a long agent conversation has hundreds).
     """
+
+
+class OutputFormat(TypedDict):
+    """An output format (``response_format``, Responses' ``text.format``, Anthropic's
+    ``output_config.format``): accepted and not honoured, but its ``type`` must be a string, so
+    ``{"type": 5}`` is a 400 like any other mistyped field. Other keys (``json_schema``...) are
+    kept for the journal's record of what was ignored."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+
+    type: str
+
+
+class FormatHolder(TypedDict):
+    """An object whose optional ``format`` is an ``OutputFormat`` (other keys kept as given)."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+
+    format: NotRequired[OutputFormat]
 
 
 class Body(BaseModel):

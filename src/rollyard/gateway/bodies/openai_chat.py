@@ -11,6 +11,7 @@ from rollyard.gateway.bodies.common import (
     Bool,
     MaxTokens,
     Name,
+    OutputFormat,
     Part,
     Penalty,
     Seed,
@@ -166,7 +167,7 @@ class ChatCompletionBody(Body):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     parallel_tool_calls: Bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: OutputFormat | None = None
     stop: str | list[str] | None = None
     logprobs: Bool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)

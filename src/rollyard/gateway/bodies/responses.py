@@ -9,6 +9,7 @@ from pydantic import Field, Tag
 from rollyard.gateway.bodies.common import (
     Body,
     Bool,
+    FormatHolder,
     MaxTokens,
     Name,
     Part,
@@ -134,7 +135,7 @@ class ResponsesBody(Body):
     store: Bool | None = None
     prompt_cache_key: str | None = None
     parallel_tool_calls: Bool | None = None
-    text: dict[str, Any] | None = None
+    text: FormatHolder | None = None
     truncation: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
