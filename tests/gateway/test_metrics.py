@@ -27,7 +27,7 @@ def test_the_probe_measures_how_long_the_loop_was_blocked() -> None:
     m = GatewayMetrics()
 
     async def main() -> None:
-        probe = asyncio.create_task(watch_loop_lag(m.loop_lag, 0.02))
+        probe = asyncio.create_task(watch_loop_lag(m, 0.02))
         await asyncio.sleep(0.1)
         time.sleep(0.3)  # blocks the loop, as a CPU-bound step on it would
         await asyncio.sleep(0.1)
@@ -43,3 +43,6 @@ def test_the_probe_measures_how_long_the_loop_was_blocked() -> None:
     assert value(f"{LAG}_bucket", {"le": "0.1"}) == total - 1
     assert value(f"{LAG}_bucket", {"le": "0.5"}) == total
     assert 0.25 <= (value(f"{LAG}_sum") or 0) < 0.25 + 0.1 * total
+    p99, worst = m.lag_since_last_read()  # what a run's step row reports, then starts afresh
+    assert 0.25 <= worst < 0.5 and p99 <= worst
+    assert m.lag_since_last_read() == (0.0, 0.0)

@@ -9,7 +9,6 @@ here: what an interrupted run needs to be resumable (the checkpoint's weights ar
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -18,8 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from rollyard.rollout.services import QuietServer
 
 CHILD = textwrap.dedent(
     """
@@ -109,29 +106,6 @@ def test_a_hung_teardown_is_cut_off_after_the_grace_period(tmp_path: Path) -> No
     assert proc.wait(timeout=30) == 130
     assert time.monotonic() - t0 < 15
     assert (tmp_path / "hook").read_text() == "killed"
-
-
-async def test_the_in_process_gateway_server_leaves_sigint_alone() -> None:
-    """uvicorn's own handler would take Ctrl-C from the run (the gateway stopped first, the run
-    kept going); the run's server must not touch the process's handlers while it serves."""
-    import uvicorn
-
-    async def app(scope: dict[str, object], receive: object, send: object) -> None:
-        if scope["type"] == "lifespan":
-            return
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error"))
-    task = asyncio.create_task(server.serve())
-    for _ in range(200):
-        if server.started:
-            break
-        await asyncio.sleep(0.05)
-    assert server.started
-    during = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    server.should_exit = True
-    await asyncio.wait_for(task, 30)
-    assert during == before
 
 
 @pytest.mark.parametrize(("every", "keep", "kept"), [(1, 1, 2), (1, 3, 3), (5, 2, 6)])

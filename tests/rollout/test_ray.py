@@ -20,7 +20,7 @@ async def test_ray_workers_run_agents_in_sandboxes_and_groups_train(
     tmp_path: Path, make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("ray")
-    caplog.set_level(logging.INFO, logger="rollyard.rollout.services")
+    caplog.set_level(logging.INFO, logger="rollyard.rollout.gateway_proc")
     # bound to every address, workers handed another loopback address than the local one
     over = {"gateway.host": "0.0.0.0", "gateway.advertise": "127.0.0.2"}
     cfg = make_config(**{"run.steps": 1, "ray.address": "local", "ray.workers": 2, **over})

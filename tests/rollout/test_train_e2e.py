@@ -77,7 +77,7 @@ async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
     out is the run's gateway socket; its calls are recorded and trained like white-box turns."""
     cfg = make_config(**{"agent.kind": "blackbox", "agent.profile": "openai", "run.steps": 1})
     run = RunDir(tmp_path / "run")
-    with caplog.at_level(logging.INFO, logger="rollyard.rollout.services"):
+    with caplog.at_level(logging.INFO, logger="rollyard.rollout.gateway_proc"):
         last = await train(cfg, run)
     assert last["policy_version"] == 1
     trajs = read_parquet(run.trajectory_file(1))
@@ -90,7 +90,7 @@ async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
         for seg in t.segments:
             for a, b in zip(seg.turns, seg.turns[1:], strict=False):
                 assert extends(a, b.prompt_ids)
-    served = re.search(r"gateway up url=\S+ socket=(\S+)", caplog.text)
+    served = re.search(r"gateway up pid=\d+ url=\S+ socket=(\S+)", caplog.text)
     assert served and served.group(1) != "None"
     assert not Path(served.group(1)).parent.exists()  # the socket's dir went with the gateway
 

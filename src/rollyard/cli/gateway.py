@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import typer
@@ -50,10 +51,17 @@ def gateway(
     program_idle_ttl_s: float = typer.Option(
         3600.0, min=0, help="terminate a program idle this long (status idle_timeout; 0: never)"
     ),
+    workers: int = typer.Option(
+        1,
+        min=1,
+        help="gateway shards, one process each: shard k serves on port+k with journal-k.db and "
+        "1/N of every engine; a program lives on the shard its creation answer names",
+    ),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible gateway in front of the engines."""
     from rollyard.gateway.serve import serve
     from rollyard.gateway.settings import GatewayLimits
+    from rollyard.gateway.workers import serve_workers
 
     limits = GatewayLimits(
         max_body_bytes=max_body_bytes,
@@ -68,7 +76,8 @@ def gateway(
         program_idle_ttl_s=program_idle_ttl_s,
     )
 
-    serve(
+    run = serve if workers == 1 else functools.partial(serve_workers, workers)
+    run(
         engine,
         model_dir=model_dir,
         model_name=model_name,
@@ -90,7 +99,9 @@ def gateway(
 def export(
     out: Path = typer.Option(..., help="output .parquet file"),
     group: str | None = typer.Option(None, help="group id (default: every program)"),
-    journal: Path = typer.Option(Path("runs/gateway/journal.db"), help="gateway journal"),
+    journal: Path = typer.Option(
+        Path("runs/gateway"), help="gateway journal, or its state directory (every shard's journal)"
+    ),
 ) -> None:
     """Export recorded trajectories from the gateway journal to Parquet."""
     from rollyard.gateway.serve import export_group

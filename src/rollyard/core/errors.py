@@ -113,6 +113,12 @@ class JournalUnavailable(RollyardError):
         self.retry_after_s = retry_after_s
 
 
+class GatewayUnavailable(RollyardError):
+    """A gateway process (a shard, or a run's gateway) did not answer, or failed (5xx)."""
+
+    http_status = 503
+
+
 class EngineStartError(EngineError):
     """A local engine process could not be started or never became healthy."""
 

@@ -15,6 +15,7 @@ from rollyard.gateway import (
     errors,
     routes_admin,
     routes_anthropic,
+    routes_engines,
     routes_meta,
     routes_openai_chat,
     routes_openai_responses,
@@ -22,6 +23,7 @@ from rollyard.gateway import (
 from rollyard.gateway.breaker import CircuitBreaker, ErrorBudget
 from rollyard.gateway.divided import Divided
 from rollyard.gateway.edge import PREFIXES
+from rollyard.gateway.fence_leases import FenceLeases
 from rollyard.gateway.guard import GuardedBackend, GuardMetrics
 from rollyard.gateway.hot_path import GatewayApp
 from rollyard.gateway.idle import IdlePrograms, reap_forever
@@ -33,6 +35,8 @@ from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import Renderer
 from rollyard.gateway.service import Gateway
 from rollyard.gateway.settings import GatewayLimits
+from rollyard.gateway.shard_calls import ShardPeers
+from rollyard.gateway.shards import ShardLayout
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.sched import Policy, Scheduler, make_policy
 
@@ -49,15 +53,17 @@ def build_gateway(
     strict_model: bool = False,
     capacity: int = 256,
     divide_tokens: int | None = None,
+    share: float = 1.0,
 ) -> Gateway:
-    """The gateway's parts; ``divide_tokens`` turns on divided rollout with chunks of that size."""
+    """The gateway's parts; ``divide_tokens`` turns on divided rollout with chunks of that size;
+    ``share``: the fraction of every engine this gateway (one of several shards) schedules."""
     clock = clock or SystemClock()
     metrics = GatewayMetrics()
     journal = SqliteJournal(journal_path)
     programs = ProgramTable(journal, clock, admin_token)
     if isinstance(policy, str):
         policy = make_policy(policy)
-    pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity)
+    pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity, share)
     divided = Divided(divide_tokens) if divide_tokens else None
     return Gateway(
         pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model, divided
@@ -65,7 +71,10 @@ def build_gateway(
 
 
 def create_app(
-    gateway: Gateway, poll_interval_s: float = 2.0, limits: GatewayLimits | None = None
+    gateway: Gateway,
+    poll_interval_s: float = 2.0,
+    limits: GatewayLimits | None = None,
+    layout: ShardLayout | None = None,
 ) -> FastAPI:
     """The HTTP face; engine stats are polled every ``poll_interval_s`` while it runs.
 
@@ -73,7 +82,9 @@ def create_app(
     read whole; ``/metrics`` needs the admin token unless ``open_metrics``; each engine sits
     behind a circuit breaker (``guard.GuardedBackend``) and each program has an error budget;
     programs idle longer than ``program_idle_ttl_s`` are terminated (``idle.IdlePrograms``);
-    the event loop's lag is measured (``metrics.watch_loop_lag``).
+    the event loop's lag is measured (``metrics.watch_loop_lag``). ``layout``: this process is
+    one of several shards (``gateway/shards.py``); a program created here that another shard owns
+    is created there instead.
     """
     limits = limits or GatewayLimits()
     guard = GuardMetrics(gateway.metrics.registry)
@@ -96,7 +107,7 @@ def create_app(
             asyncio.create_task(gateway.pool.poll_forever(poll_interval_s)),
             asyncio.create_task(gateway.pool.tick_forever()),
             asyncio.create_task(reap_forever(idle, gateway.programs, gateway.busy, guard.idle_ended.inc)),
-            asyncio.create_task(watch_loop_lag(gateway.metrics.loop_lag)),
+            asyncio.create_task(watch_loop_lag(gateway.metrics)),
         ]
         try:
             yield
@@ -106,6 +117,8 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await leases.aclose()
+            await peers.aclose()
             await gateway.pool.aclose()
             gateway.journal.close()
 
@@ -114,6 +127,8 @@ def create_app(
     app.state.gateway = gateway
     app.state.limits, app.state.budget, app.state.guard = limits, budget, guard
     app.state.idle = idle
+    app.state.fence_leases = leases = FenceLeases()
+    app.state.peers = peers = ShardPeers(layout or ShardLayout())
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     errors.install(app)
     # Model routes first: the router tries routes in order, and they take nearly every request.
@@ -124,4 +139,5 @@ def create_app(
         app.include_router(routes_meta.model_router, prefix=prefix, include_in_schema=shown)
     app.include_router(routes_meta.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_engines.router)
     return app

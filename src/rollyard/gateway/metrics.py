@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -12,6 +13,7 @@ _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 _HOLD_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 15, 20, 25, 30, 32, 35, 40, 50, 60, 120, 300, 600, 1800)
 _LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LAG_INTERVAL_S = 0.1  # how often the loop-lag probe wakes (~10 us of CPU each time)
+_RECENT_LAG = 36_000  # an hour of samples at LAG_INTERVAL_S
 
 
 class GatewayMetrics:
@@ -80,6 +82,9 @@ class GatewayMetrics:
             registry=r,
         )
 
+        # the probe's recent samples, for ``lag_since_last_read`` (a run's step rows)
+        self.recent_lag: collections.deque[float] = collections.deque(maxlen=_RECENT_LAG)
+
         self._token_kinds = [self.tokens.labels(k) for k in ("prompt", "reused", "completion")]
         self._by_api: dict[str, tuple[Counter, Histogram]] = {}
 
@@ -96,15 +101,28 @@ class GatewayMetrics:
         for child, n in zip(self._token_kinds, (prompt, reused, completion), strict=True):
             child.inc(n)
 
+    def observe_lag(self, seconds: float) -> None:
+        self.loop_lag.observe(seconds)
+        self.recent_lag.append(seconds)
+
+    def lag_since_last_read(self) -> tuple[float, float]:
+        """p99 and max of the loop lag since the previous call (0s when no sample): what the
+        trainer reports per step for a gateway in another process."""
+        samples = sorted(self.recent_lag)
+        self.recent_lag.clear()
+        if not samples:
+            return 0.0, 0.0
+        return samples[min(len(samples) - 1, int(0.99 * len(samples)))], samples[-1]
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-async def watch_loop_lag(lag: Histogram, interval_s: float = LAG_INTERVAL_S) -> None:
+async def watch_loop_lag(metrics: GatewayMetrics, interval_s: float = LAG_INTERVAL_S) -> None:
     """Observe, forever, how much later than asked ``asyncio.sleep(interval_s)`` returns. Work
     that holds the loop (a CPU-bound step, a blocking call) delays every request and ``/health``
     by as much; this tells it apart from a slow engine or a loaded host."""
     while True:
         t = time.monotonic()
         await asyncio.sleep(interval_s)
-        lag.observe(max(0.0, time.monotonic() - t - interval_s))
+        metrics.observe_lag(max(0.0, time.monotonic() - t - interval_s))

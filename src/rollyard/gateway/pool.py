@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from rollyard.core.errors import EngineUnavailable
 from rollyard.engines.base import Backend, EngineStats
 from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.shards import shared_capacity
 from rollyard.sched import KvBudget, Move, Pause, Restore, Scheduler, Start
 
 _ACTIVE = KvBudget(buffer_tokens=0)  # per-engine active context tokens, for /metrics
@@ -29,12 +30,16 @@ class EnginePool:
         scheduler: Scheduler,
         metrics: GatewayMetrics,
         capacity: int = 256,
+        share: float = 1.0,
     ) -> None:
+        """``share``: this gateway shard's fraction of every engine (``gateway/shards.py``): its
+        request slots and KV tokens are scaled by it, so the shards' sum is the engine's."""
         if not backends:
             raise EngineUnavailable("no engine is configured")
         self.backends = dict(backends)
         self.scheduler = scheduler
         self.metrics = metrics
+        self.share = share
         self._waiters: dict[str, asyncio.Future[Start]] = {}
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
@@ -42,7 +47,7 @@ class EnginePool:
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
         self.counts: Counter[str] = Counter(pauses=0, restores=0, moves=0)
         for name in self.backends:
-            scheduler.add_engine(name, capacity)
+            scheduler.add_engine(name, shared_capacity(capacity, share))
             metrics.engine_up.labels(name).set(1)
 
     @property
@@ -146,7 +151,7 @@ class EnginePool:
             self.scheduler.update_engine(
                 name,
                 kv_usage=stats.kv_usage,
-                kv_capacity_tokens=stats.kv_capacity_tokens,
+                kv_capacity_tokens=int(stats.kv_capacity_tokens * self.share),
                 waiting=stats.waiting,
                 prefill_tok_s=self._prefill_rate(name, stats),
                 healthy=True,

@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollyard.core.errors import NotFound
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
-from rollyard.core.trajectory import Outcome
+from rollyard.core.trajectory import Event, Outcome
 from rollyard.gateway.edge import PROGRAM_ID, api_key, gateway, not_on_sandbox_socket
 from rollyard.gateway.limits import StrictRoute
+from rollyard.gateway.shard_calls import ShardPeers, call, on_holder, others_lists, passed_on
 
 router = APIRouter(dependencies=[Depends(not_on_sandbox_socket)], route_class=StrictRoute)
 
@@ -33,6 +35,12 @@ class CreateProgram(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class ProgramEvents(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[Event] = Field(max_length=10_000)
+
+
 class FinishProgram(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -46,29 +54,59 @@ async def create_program(body: CreateProgram, request: Request) -> dict[str, Any
     """Create a program; the answer is the only place its API key is ever shown. ``base_urls``
     are what each API's client takes as its base URL (OpenAI SDKs and litellm: ``.../v1``;
     Anthropic SDKs and Claude Code: the origin, they add ``/v1`` themselves), as reached by
-    this request: a client elsewhere uses its own address of the gateway."""
+    this request: a client elsewhere uses its own address of the gateway. With shards, the
+    program is created on the shard that owns it (``gateway/shards.py``); ``base_urls`` and
+    ``shard`` say where it lives."""
     gw = gateway(request)
-    gw.programs.require_admin(api_key(request))
+    token = api_key(request)
+    gw.programs.require_admin(token)
+    peers: ShardPeers = request.app.state.peers
+    layout = peers.layout
     fields = body.model_dump(exclude_none=True)
-    program = gw.programs.create(Program(**fields))
-    origin = str(request.base_url).rstrip("/")
+    program = Program(**fields)
+    owner = layout.owner(program.id, program.group_id, program.group_size)
+    if owner != layout.index and passed_on(layout, request.headers):
+        made = await call(peers, owner, "POST", "/programs", token or "", {**fields, "id": program.id})
+        made.pop("base_urls", None)  # the owner's view of its address; the caller's is rebuilt
+        origin = str(request.base_url.replace(port=layout.port_of(owner))).rstrip("/")
+    else:
+        owner = layout.index
+        made = {**gw.programs.create(program).public(), "api_key": program.api_key}
+        origin = str(request.base_url).rstrip("/")
     urls = {"openai": f"{origin}/v1", "anthropic": origin}
-    return {**program.public(), "api_key": program.api_key, "base_urls": urls}
+    return {**made, "shard": owner, "base_urls": urls}
 
 
 @router.get("/programs")
 async def list_programs(request: Request, group_id: str | None = None) -> dict[str, Any]:
+    """Every program (of every shard), oldest first."""
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
     progs = [p.public() for p in gw.programs.all() if group_id is None or p.group_id == group_id]
+    peers: ShardPeers = request.app.state.peers
+    if passed_on(peers.layout, request.headers):
+        params = {"group_id": group_id} if group_id is not None else {}
+        progs += await others_lists(peers, api_key(request) or "", params)
+        progs.sort(key=lambda p: (p["created_at"], p["id"]))
     return {"object": "list", "data": progs}
+
+
+async def _held_elsewhere(request: Request, error: NotFound, body: Any = None) -> Any:
+    """A program this shard does not hold: the answer of the shard that does (if sharded)."""
+    peers: ShardPeers = request.app.state.peers
+    if not passed_on(peers.layout, request.headers):
+        raise error
+    return await on_holder(peers, request.method, request.url.path, api_key(request) or "", body)
 
 
 @router.get("/programs/{program_id}")
 async def get_program(program_id: str, request: Request) -> dict[str, Any]:
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
-    return gw.programs.get(program_id).public()
+    try:
+        return gw.programs.get(program_id).public()
+    except NotFound as e:
+        return await _held_elsewhere(request, e)
 
 
 @router.post("/programs/{program_id}/finish")
@@ -77,6 +115,10 @@ async def finish_program(program_id: str, body: FinishProgram, request: Request)
     turn in flight, if any, is journaled (``Gateway.finish``)."""
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
+    try:
+        gw.programs.get(program_id)
+    except NotFound as e:
+        return await _held_elsewhere(request, e, body.model_dump(mode="json"))
     return (await gw.finish(program_id, body.state, body.status, body.outcome)).public()
 
 
@@ -84,6 +126,23 @@ async def finish_program(program_id: str, body: FinishProgram, request: Request)
 async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
-    gw.programs.get(program_id)
+    try:
+        gw.programs.get(program_id)
+    except NotFound as e:
+        return await _held_elsewhere(request, e)
     traj = await gw.journal.atrajectory(program_id)  # read, rebuilt and dumped off the loop
     return await asyncio.to_thread(traj.model_dump, mode="json")
+
+
+@router.post("/programs/{program_id}/events")
+async def record_events(program_id: str, body: ProgramEvents, request: Request) -> dict[str, Any]:
+    """Append what happened on the agent's side (tool results, context management) to a
+    program's journal: the runner of ``rollyard train`` reports its sandbox's events here."""
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    try:
+        gw.programs.get(program_id)
+    except NotFound as e:
+        return await _held_elsewhere(request, e, body.model_dump(mode="json"))
+    gw.journal.record_events(program_id, body.events)
+    return {"id": program_id, "recorded": len(body.events)}

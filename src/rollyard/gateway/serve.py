@@ -25,6 +25,7 @@ from rollyard.gateway.heap import tune_gc
 from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.settings import GatewayLimits
+from rollyard.gateway.shards import ShardLayout, journals_in
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.sched.registry import policy_from_spec
 
@@ -96,8 +97,11 @@ def serve(
     policy: str = "fifo",
     divide_tokens: int | None = None,
     limits: GatewayLimits | None = None,
+    layout: ShardLayout | None = None,
 ) -> None:
-    """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given."""
+    """Serve until interrupted, on ``host:port`` (unless ``tcp`` is False) and on ``uds`` if given;
+    with a ``layout`` of several shards, as its shard ``layout.index`` (``gateway/shards.py``:
+    its own port, socket, journal and share of every engine)."""
     from rollyard.engines.vllm import VLLMBackend
 
     if not engines:
@@ -111,6 +115,8 @@ def serve(
         log.warning("admin token written to %s (mode 0600)", token_file)
         print(f"rollyard gateway: admin token in {token_file}", flush=True)
     limits = limits or GatewayLimits()
+    layout = layout or ShardLayout(port=port, uds=uds, host=host)
+    port, uds = layout.port_of(layout.index), layout.uds_of(layout.index)
     backends = {
         f"engine{i}": VLLMBackend(url, name=f"engine{i}", timeout_s=limits.engine_timeout_s)
         for i, url in enumerate(engines)
@@ -118,13 +124,14 @@ def serve(
     gw = build_gateway(
         backends,
         FastTokenizer(found_dir),
-        state_dir / "journal.db",
+        layout.journal_of(state_dir, layout.index),
         token,
         model_name or found_name or "model",
         strict_model=strict_model,
         capacity=capacity,
         policy=chosen,
         divide_tokens=divide_tokens,
+        share=layout.share,
     )
     import uvicorn
 
@@ -133,7 +140,7 @@ def serve(
         sockets.append(bind_unix_socket(uds))
         print(f"rollyard gateway: unix socket {uds}", flush=True)
     # requests held by the scheduler (a paused program) would keep a graceful stop waiting forever
-    config = uvicorn_config(create_app(gw, limits=limits), limits)
+    config = uvicorn_config(create_app(gw, limits=limits, layout=layout), limits)
     tune_gc(freeze=True)
     try:
         uvicorn.Server(config).run(sockets=sockets)
@@ -143,13 +150,22 @@ def serve(
 
 
 def export_group(journal: Path, group_id: str | None, out: Path) -> int:
-    """Write a group's trajectories (all programs when ``group_id`` is None) to Parquet."""
-    if not journal.is_file():
+    """Write a group's trajectories (all programs when ``group_id`` is None) to Parquet.
+
+    ``journal`` is a journal file or a gateway's state directory, whose shards' journals are
+    all read; trajectories come in the order their programs were created (across shards too,
+    so one gateway and several shards export the same workload alike)."""
+    paths = journals_in(journal)
+    if not paths:
         raise ConfigError(f"no journal at {journal}")
-    j = SqliteJournal(journal)
-    try:
-        trajs = [j.trajectory(pid) for pid in j.program_ids(group_id)]
-    finally:
-        j.close()
+    trajs = []
+    for path in paths:
+        j = SqliteJournal(path)
+        try:
+            trajs += [j.trajectory(pid) for pid in j.program_ids(group_id)]
+        finally:
+            j.close()
+    if len(paths) > 1:
+        trajs.sort(key=lambda t: (t.metadata["program"]["created_at"], t.program_id))
     write_parquet(out, trajs)
     return len(trajs)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.clock import SystemClock
 from rollyard.core.events import Event
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.sample import Sample
@@ -35,6 +36,7 @@ from rollyard.tasks.model import Task
 from rollyard.tasks.sandboxing import sandbox_spec, set_up
 
 log = logging.getLogger(__name__)
+_CLOCK = SystemClock()  # event times, as the gateway stamps its own
 
 UNRECOVERABLE = {"sandbox_error", "engine_unavailable"}  # the environment failed, not the policy
 
@@ -110,7 +112,7 @@ class LocalRunner:
         """In a sandbox of the program's own (monitored and/or perturbed)."""
         spec = self._spec(task, agent)
         events: list[Event] = []
-        clock = self.svc.gateway.gateway.clock
+        clock = _CLOCK
         async with env.sandbox(task, program, spec, events, clock.now()) as (sb, monitor):
             return await self._act(
                 task,
@@ -154,14 +156,14 @@ async def run_program(
     group_size: int = 1,
 ) -> Trajectory:
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
-    gw = svc.gateway.gateway
+    gw = svc.gateway.client
     cfg = svc.cfg
     sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
     if isinstance(runner, LocalRunner):  # sandboxes of this task get prepared while it waits for a slot
         runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):
         async with svc.slots:
-            program = gw.programs.create(
+            program = await gw.create(
                 Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
             )
             # a worker on another machine dials the gateway's advertised address, not loopback
@@ -170,17 +172,18 @@ async def run_program(
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED
-        gw.journal.record_events(program.id, res.events)  # the agent's side: tool results, CM
+        await gw.record_events(program.id, res.events)  # the agent's side: tool results, CM
         await gw.finish(program.id, state, res.status, res.outcome)  # after any turn in flight
+        svc.pool.on_program_terminated(program.id)  # its sandbox goes now, however it ended
         if res.engine_failed and attempt < retries and cfg.engine.restart_on_death:
             log.warning("program=%s lost its engine; healing and re-running", program.id)
             await svc.fleet.heal()
             await asyncio.sleep(2.0 * (attempt + 1))  # let an overloaded engine drain
             if svc.gateway.closing:  # torn down meanwhile: no re-run on a closed gateway
                 raise asyncio.CancelledError
-            await gw.pool.refresh()
+            await gw.refresh()
             continue
-        return await gw.journal.atrajectory(program.id)  # off the loop: a long one takes tens of ms
+        return await gw.trajectory(program.id)
     raise AssertionError("unreachable")
 
 

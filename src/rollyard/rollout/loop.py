@@ -187,6 +187,7 @@ class TrainingLoop:
             t2 = self.clock.now()
             await self._publish(groups)
         row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
+        row.update(await self._gateway_counts())
         row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
@@ -245,7 +246,7 @@ class TrainingLoop:
             "dropped_total": len(self.s.ledger.dropped),
             "failed_groups_total": self.s.failures,
             "engine_restarts": self.svc.fleet.restarts,
-            **self._environment_counts(),
+            **self._sandbox_counts(),
             "time": time.time(),
         }
 
@@ -254,13 +255,19 @@ class TrainingLoop:
         self.run_dir.append_metrics(row)
         self.trackers.log(row)
 
-    def _environment_counts(self) -> dict[str, int]:
-        """Scheduler decisions and sandbox hooks carried out so far (program-aware scheduling)."""
+    def _sandbox_counts(self) -> dict[str, int]:
+        """Sandbox hooks carried out so far (program-aware scheduling)."""
         pool = self.svc.pool.stats
+        return {"sandbox_hook_releases": pool.hook_releases, "sandbox_ahead_hits": pool.ahead_hits}
+
+    async def _gateway_counts(self) -> dict[str, Any]:
+        """The scheduler's decisions so far, and the gateway's event-loop lag over the step
+        (its own process: a training step must not show in it)."""
+        g = await self.svc.gateway.client.engines()
         return {
-            **{f"sched_{k}": v for k, v in self.svc.gateway.gateway.pool.counts.items()},
-            "sandbox_hook_releases": pool.hook_releases,
-            "sandbox_ahead_hits": pool.ahead_hits,
+            **{f"sched_{k}": v for k, v in g["counts"].items()},
+            "gateway_loop_lag_p99_ms": g["loop_lag_p99_ms"],
+            "gateway_loop_lag_max_ms": g["loop_lag_max_ms"],
         }
 
     def _judge_counts(self) -> dict[str, int]:

@@ -19,10 +19,10 @@ from rollyard.core.errors import DataError
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
 from rollyard.core.trajectory import Trajectory
 from rollyard.engines.chat import ChatClient
-from rollyard.gateway.service import Gateway
 from rollyard.rl.judge import TranscriptJudge
 from rollyard.rl.reward_base import RewardContext, transcript
 from rollyard.rl.rewards import JudgeSettings
+from rollyard.rollout.gateway_client import GatewayClient
 from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class RunJudge:
 
     settings: JudgeSettings
     base_url: str
-    gateway: Gateway | None  # set when judging through the run's own gateway
+    gateway: GatewayClient | None  # set when judging through the run's own gateway
     calls: int = 0
     unreadable: int = 0
 
@@ -55,14 +55,12 @@ class RunJudge:
         if self.gateway is None:
             return await self._ask_once(messages, self.settings.api_key)
         free = SamplingPolicy(temperature=None, top_p=None, max_tokens=None)  # the judge's own asks
-        program = self.gateway.programs.create(
-            Program(group_id=JUDGE_GROUP, task_id=JUDGE_GROUP, sampling=free)
-        )
+        program = await self.gateway.create(Program(group_id=JUDGE_GROUP, task_id=JUDGE_GROUP, sampling=free))
         try:
             return await self._ask_once(messages, program.api_key)
         finally:
             with contextlib.suppress(Exception):  # the run may be closing under us
-                self.gateway.programs.finish(program.id, ProgramState.FINISHED, "judged")
+                await self.gateway.finish(program.id, ProgramState.FINISHED, "judged")
 
     async def judge_group(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         judge = TranscriptJudge(self.ask, scale=self.settings.scale)
@@ -81,7 +79,7 @@ class RunJudge:
         return {t.id: s for t, s in zip(trajectories, scores, strict=True)}
 
 
-def make_judge(settings: JudgeSettings | None, gateway: Gateway, gateway_url: str) -> RunJudge | None:
+def make_judge(settings: JudgeSettings | None, gateway: GatewayClient, gateway_url: str) -> RunJudge | None:
     """The run's judge (None when no judge is configured)."""
     if settings is None:
         return None

@@ -2,8 +2,9 @@
 
 ``open_services`` is an async context manager; its exit tears down in reverse order on success,
 error and cancellation (Ctrl-C), so no engine process or sandbox outlives the run. The gateway
-runs in-process (uvicorn in an asyncio task) over the same ``VLLMBackend`` objects the weight
-publisher updates, so every recorded turn carries the live policy version.
+runs in a process of its own (``gateway_proc``); the publisher's engine handles
+(``RemoteFenced``) take their version fences from it, so every recorded turn carries the
+version that generated it.
 """
 
 from __future__ import annotations
@@ -11,37 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-import shutil
-import tempfile
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import uvicorn
 
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
-from rollyard.core.net import WILDCARDS, advertised_url, free_port
 from rollyard.engines import logprob_mode
 from rollyard.engines.base import EngineStats
 from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
-from rollyard.gateway.app import build_gateway, create_app
-from rollyard.gateway.heap import tune_gc
-from rollyard.gateway.serve import bind_tcp, bind_unix_socket, uvicorn_config
-from rollyard.gateway.service import Gateway
-from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.capacity import program_slots
 from rollyard.rollout.config import Config
-from rollyard.rollout.episode import MODEL_NAME
+from rollyard.rollout.gateway_proc import GatewayServer, start_gateway
 from rollyard.rollout.interrupt import on_forced_exit
+from rollyard.rollout.remote_fence import RemoteFenced
 from rollyard.rollout.rewarding import RunJudge, make_judge
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
@@ -81,7 +72,7 @@ class EngineFleet:
     """Local engine processes (may be empty when engines are given by URL) and their backends."""
 
     servers: list[VLLMServer]
-    backends: list[VLLMBackend]
+    backends: list[RemoteFenced]
     weights: Path  # what a restarted engine must load
     version: int
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -184,7 +175,7 @@ def start_engines(
     Each server is appended to ``servers`` before it starts, so a caller that stops waiting
     (Ctrl-C during the ~40 s start-up) can stop them; ``abort`` set means: start no more."""
     servers = [] if servers is None else servers
-    backends: list[VLLMBackend] = []
+    backends: list[RemoteFenced] = []
     pool, master = cfg.engine.kv_pool, None
     try:
         if pool.kind == "mooncake" and pool.master is None and not cfg.engine.urls:
@@ -218,7 +209,7 @@ def start_engines(
                 urls.append(server.url)
         for i, url in enumerate(urls):
             backends.append(
-                VLLMBackend(
+                RemoteFenced(
                     url,
                     name=f"engine{i}",
                     max_model_len=cfg.engine.max_model_len,
@@ -233,102 +224,6 @@ def start_engines(
             master.stop()
         raise
     return EngineFleet(servers, backends, weights, version, pool_master=master)
-
-
-# In-flight gateway requests get this long to finish at teardown before uvicorn cancels them;
-# the journal is closed after that (by the app's lifespan), so no handler writes to a closed one.
-GATEWAY_DRAIN_S = 5.0
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn's Server without its signal handling.
-
-    ``Server.serve`` installs its own SIGINT/SIGTERM handlers while it serves (``capture_signals``
-    in current uvicorn, ``install_signal_handlers`` in older ones). In-process, that steals the
-    run's Ctrl-C: the gateway shuts itself down first (programs see "lost its engine", the journal
-    closes under them) and re-raises the signal only after every connection has drained, to the
-    previous handler, which may be SIG_IGN; the run then never tears down. The CLI owns the
-    signals (``rollyard.rollout.interrupt``) and stops the gateway itself, in order."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-    def install_signal_handlers(self) -> None:
-        return
-
-
-@dataclass
-class GatewayServer:
-    gateway: Gateway
-    url: str
-    admin_token: str
-    _server: object
-    _task: asyncio.Task[None]
-    closing: bool = False  # set first at teardown: a program ending now must not touch the journal
-    socket_path: Path | None = None  # the sandboxes' door (black-box agents), when served
-    advertised_url: str = ""  # how workers on other machines reach it (``gateway.advertise``)
-
-    async def stop(self) -> None:
-        """Stop accepting, let in-flight handlers finish (``GATEWAY_DRAIN_S``, then cancelled),
-        then the lifespan closes the engine clients and the journal, in that order."""
-        self.closing = True
-        self._server.should_exit = True  # type: ignore[attr-defined]
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self._task, GATEWAY_DRAIN_S + 15)
-        if self._task.cancelled():  # cut off before its lifespan ended: close the journal here
-            with contextlib.suppress(Exception):
-                self.gateway.journal.close()
-        if self.socket_path is not None:
-            shutil.rmtree(self.socket_path.parent, ignore_errors=True)
-
-
-async def start_gateway(
-    cfg: Config, run_dir: Path, fleet: EngineFleet, model_dir: Path, *, uds: bool = False
-) -> GatewayServer:
-    """The gateway in this process: uvicorn served from an asyncio task, journal in the run dir;
-    with ``uds``, also on a unix socket in a fresh short /tmp dir (socket paths must stay under
-    108 bytes) that sandboxes of black-box agents reach."""
-    token = "rya-" + secrets.token_urlsafe(24)
-    gw = build_gateway(
-        {b.name: b for b in fleet.backends},
-        FastTokenizer(model_dir),
-        run_dir / "journal.db",
-        token,
-        MODEL_NAME,
-        capacity=cfg.gateway.capacity,
-        policy=cfg.gateway.scheduling.build(),
-        divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
-    )
-    port = cfg.gateway.port or free_port()
-    config = uvicorn_config(  # with the slow-client guard, as `rollyard gateway` serves
-        create_app(gw, limits=cfg.gateway.limits),
-        cfg.gateway.limits,
-        lifespan="on",
-        timeout_graceful_shutdown=int(GATEWAY_DRAIN_S),
-    )
-    sockets = [bind_tcp(cfg.gateway.host, port)]
-    socket_path = None
-    if uds:
-        socket_path = Path(tempfile.mkdtemp(prefix="ry-gw-", dir="/tmp")) / "gw.sock"
-        sockets.append(bind_unix_socket(socket_path))
-    tune_gc(freeze=False)  # the run's process is shared with the trainer: no freeze
-    server = QuietServer(config)
-    task = asyncio.create_task(server.serve(sockets=sockets))
-    for _ in range(200):
-        if server.started:
-            break
-        if task.done():
-            task.result()
-            raise EngineStartError("the gateway exited during start-up")
-        await asyncio.sleep(0.05)
-    else:
-        raise EngineStartError(f"the gateway did not start on port {port}")
-    host = "127.0.0.1" if cfg.gateway.host in WILDCARDS else cfg.gateway.host
-    url = f"http://{host}:{port}"
-    advertised = advertised_url(cfg.gateway.host, port, cfg.gateway.advertise)
-    log.info("gateway up url=%s socket=%s advertised=%s", url, socket_path, advertised)
-    return GatewayServer(gw, url, token, server, task, socket_path=socket_path, advertised_url=advertised)
 
 
 def make_provider(cfg: Config, run_dir: Path) -> SandboxProvider:
@@ -386,21 +281,27 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
     """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     starting: list[VLLMServer] = []
-    with on_forced_exit(lambda: kill_servers(starting)):
+    gateways: list[GatewayServer] = []
+
+    def forced_exit() -> None:
+        kill_servers(starting)
+        for g in gateways:
+            g.kill()
+
+    with on_forced_exit(forced_exit):
         fleet = await _start_engines(cfg, run_dir, weights, version, starting)
         try:
             if cfg.engine.urls:  # an attached engine serves what it last loaded, maybe not ``weights``
                 await asyncio.gather(*(b.load_weights(str(weights), version) for b in fleet.backends))
-            gw = await start_gateway(cfg, run_dir, fleet, weights, uds=cfg.agent.kind == "blackbox")
+            gw = await start_gateway(cfg, run_dir, fleet.backends, weights, uds=cfg.agent.kind == "blackbox")
+            gateways.append(gw)
             try:
                 provider = make_provider(cfg, run_dir)
                 pool = SandboxPool(provider, ahead=cfg.sandbox.ahead, deadline_s=cfg.agent.timeout_s * 2 + 60)
-                # a program's sandbox goes when the gateway ends the program, however it ends
-                gw.gateway.programs.on_terminate(lambda p: pool.on_program_terminated(p.id))
                 try:
                     slots = asyncio.Semaphore(await program_slots(cfg, fleet.backends))
                     agent = program_agent(cfg, gw)
-                    judge = make_judge(cfg.rewards.judge, gw.gateway, gw.url)
+                    judge = make_judge(cfg.rewards.judge, gw.client, gw.url)
                     yield Services(cfg, fleet, gw, provider, pool, slots, agent, judge)
                 finally:
                     # Callers have cancelled their programs by now. The gateway goes first: it stops
@@ -412,6 +313,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
                 if pool.stats.leaks:
                     raise SandboxError(f"{pool.stats.leaks} sandbox resources leaked at teardown")
         finally:
+            await asyncio.gather(*(b.aclose() for b in fleet.backends), return_exceptions=True)
             fleet.stop()
             log.info("services stopped")
 
