@@ -30,11 +30,6 @@ def engine_http(**kw: Any) -> httpx.Client:
     return httpx.Client(headers={**kw.pop("headers", {}), **engine_headers()}, **kw)
 
 
-def engine_http_async(**kw: Any) -> httpx.AsyncClient:
-    """``engine_http``'s asynchronous twin."""
-    return httpx.AsyncClient(headers={**kw.pop("headers", {}), **engine_headers()}, **kw)
-
-
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
 
