@@ -55,3 +55,4 @@ def test_the_slow_client_phase_holds_partial_connections_beside_the_load(
     assert res["slow_closed_by_gateway"] >= 300, res  # the guard cut each one off at least once
     assert res["new_conn_probes"] >= 5 and res["new_conn_failures"] == 0, res
     assert res["slow_health_samples"] >= 5 and res["slow_health_p99_ms"] > 0, res
+    assert res["loop_cpu_share_during_slow"] > 0 and res["loop_cpu_share_before_slow"] > 0, res

@@ -278,7 +278,15 @@ async def _run(
         # The slow-client phase: the second half of the run, beside the same load.
         slow_window = (start + seconds / 2, soak.until - 1.0) if slow_conns else (math.inf, math.inf)
         phase = slow_phase(url, slow_conns, *slow_window) if slow_conns else asyncio.sleep(0, {})
+        marks: list[tuple[float, float]] = []  # (at, loop thread CPU seconds) at the phase's edges
+
+        async def mark_phase() -> None:
+            for at in (start, slow_window[0], slow_window[0] + RAMP_S, slow_window[1]) if slow_conns else ():
+                await asyncio.sleep(max(0.0, at - time.perf_counter()))
+                marks.append((time.perf_counter(), _schedstat(pid)[0]))
+
         *_, slow = await asyncio.gather(
+            mark_phase(),
             *(soak.client(share[i]) for i in range(concurrency)),
             soak.poll_health(),
             soak.send_big(progs[0][1]),
@@ -314,6 +322,16 @@ async def _run(
         # The slow-client phase (``_soak_slow``): /health on the poller's kept-alive connection.
         "slow_health_p99_ms": 1000 * _pct(slow_health, 0.99) if slow_health else 0.0,
         "slow_health_samples": len(slow_health),
+        # The gateway loop thread's share of a core before the phase and while it held its
+        # connections (after the ramp): what thousands of idle connections cost the gateway.
+        **(
+            {
+                "loop_cpu_share_before_slow": (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]),
+                "loop_cpu_share_during_slow": (marks[3][1] - marks[2][1]) / (marks[3][0] - marks[2][0]),
+            }
+            if len(marks) == 4
+            else {}
+        ),
         **slow,
         "big_bodies_refused": soak.big_refused,
         "big_bodies_sent": len(soak.big_windows),
