@@ -25,6 +25,7 @@ debian() {  # debian COMMAND PACKAGE...: install the packages when COMMAND is mi
   fi
 }
 debian bwrap bubblewrap
+debian slirp4netns slirp4netns  # networked sandboxes (network: true) reach out through it
 debian npm nodejs npm
 # libibverbs for Mooncake's transfer engine (engine.kv_pool kind mooncake; loads without RDMA hardware)
 if ! ldconfig -p 2>/dev/null | grep -q "libibverbs.so.1 "; then

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rollyard.core.engine_key import engine_headers
 from rollyard.engines.kvpool import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster, master_binary
 from rollyard.engines.launcher import VLLMServer
@@ -81,15 +82,15 @@ def engine_pair(
 
 
 def _run(url: str, prompt: list[int]) -> dict[str, Any]:
-    before = prompt_token_sources(httpx.get(f"{url}/metrics").text)
+    before = prompt_token_sources(httpx.get(f"{url}/metrics", headers=engine_headers()).text)
     r = httpx.post(
         f"{url}/v1/completions",
         json={"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "logprobs": 1,
               "return_token_ids": True, "ignore_eos": True},
-        timeout=300,
+        timeout=300, headers=engine_headers(),
     )  # fmt: skip
     r.raise_for_status()
-    after = prompt_token_sources(httpx.get(f"{url}/metrics").text)
+    after = prompt_token_sources(httpx.get(f"{url}/metrics", headers=engine_headers()).text)
     choice = r.json()["choices"][0]
     return {
         "tokens": choice["token_ids"],

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from rollyard.core.engine_key import engine_headers
 from rollyard.engines import VLLMBackend
 from rollyard.engines.launcher import VLLMServer
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
@@ -41,7 +42,9 @@ def engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         # timeout the hang test needs: warm it up with a patient client first.
         body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4}
         for _ in range(3):
-            httpx.post(f"{s.url}/v1/completions", json=body, timeout=300).raise_for_status()
+            httpx.post(
+                f"{s.url}/v1/completions", json=body, timeout=300, headers=engine_headers()
+            ).raise_for_status()
         yield s
 
 

@@ -5,6 +5,7 @@ a 431, and one address cannot hold more than its share of connections (issue 45,
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -65,7 +66,8 @@ def test_partial_headers_are_cut_off(gateway: tuple[str, int]) -> None:
         assert time.monotonic() - start < 4
 
 
-def test_a_partial_body_is_cut_off(gateway: tuple[str, int]) -> None:
+def test_a_partial_body_is_cut_off(gateway: tuple[str, int], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rollyard.gateway.errors")
     with socket.create_connection(gateway) as s:
         s.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
@@ -74,6 +76,12 @@ def test_a_partial_body_is_cut_off(gateway: tuple[str, int]) -> None:
         start = time.monotonic()
         assert closed_within(s, 5) is not None
         assert time.monotonic() - start < 3
+    # The handler reading that body saw the client leave: logged as that, not as a 500.
+    deadline = time.monotonic() + 3
+    while not any("client left" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any("client left" in r.getMessage() for r in caplog.records)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_oversized_headers_get_431(gateway: tuple[str, int]) -> None:

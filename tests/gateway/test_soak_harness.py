@@ -9,9 +9,12 @@ from pathlib import Path
 
 from rollyard.bench._procs import ADMIN
 from rollyard.bench.soak import _run
+from rollyard.core.net import free_port
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
+from rollyard.gateway.serve import uvicorn_config
+from rollyard.gateway.settings import GatewayLimits
 
-from .conftest import ScriptedBackend, serving
+from .conftest import ScriptedBackend, running, serving
 
 
 def test_a_short_soak_has_no_errors_no_resets_and_frees_finished_programs(
@@ -32,3 +35,24 @@ def test_a_short_soak_has_no_errors_no_resets_and_frees_finished_programs(
     # Every finished program's in-memory state is gone; only those still mid-conversation (at
     # most one per client) and those the soak abandoned unfinished (freed by the idle TTL) remain.
     assert len(gw.conversations) <= 16 + res["programs_abandoned"], res
+
+
+def test_the_slow_client_phase_holds_partial_connections_beside_the_load(
+    tok: FastTokenizer, tmp_path: Path
+) -> None:
+    """Hundreds of idle partial connections from other loopback addresses, cut off by the
+    connection guard's header/body timeouts and reopened, while the load and new connections
+    go on (the full bench holds thousands)."""
+    limits = GatewayLimits(header_timeout_s=1.0, body_timeout_s=1.0)
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    port = free_port()
+    config = uvicorn_config(create_app(gw, poll_interval_s=0.2, limits=limits), limits, port=port)
+    with running(config):
+        url = f"http://127.0.0.1:{port}"
+        res = asyncio.run(_run(url, os.getpid(), seconds=14.0, programs=40, concurrency=16, slow_conns=300))
+    assert res["errors"] == 0 and res["resets"] == 0, res
+    assert res["slow_conns_target"] == 300 and res["slow_conns_held"] >= 200, res
+    assert res["slow_closed_by_gateway"] >= 300, res  # the guard cut each one off at least once
+    assert res["new_conn_probes"] >= 5 and res["new_conn_failures"] == 0, res
+    assert res["slow_health_samples"] >= 5 and res["slow_health_p99_ms"] > 0, res
+    assert res["loop_cpu_share_during_slow"] > 0 and res["loop_cpu_share_before_slow"] > 0, res

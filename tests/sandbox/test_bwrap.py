@@ -114,23 +114,6 @@ async def test_output_is_capped_per_stream_and_flagged(provider: BwrapProvider) 
         await sb.close()
 
 
-async def test_a_shared_network_reaches_host_loopback_only_when_asked(provider: BwrapProvider) -> None:
-    import asyncio
-
-    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    probe = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"
-    on = await provider.create(SandboxSpec(network=True))
-    off = await provider.create(SandboxSpec())
-    try:
-        assert (await on.exec(probe, timeout=5)).stdout.strip() == "connected"
-        assert (await off.exec(probe, timeout=5)).rc != 0
-    finally:
-        server.close()
-        await on.close()
-        await off.close()
-
-
 async def test_bad_specs_and_arguments_get_clear_errors(provider: BwrapProvider, tmp_path: Path) -> None:
     with pytest.raises(SandboxError, match="base_dir"):
         await provider.create(SandboxSpec(base_dir=tmp_path / "missing"))

@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import uvicorn
 
+from rollyard.core.engine_key import engine_headers
+
 
 async def read_body(receive: Any) -> bytes:
     """The whole request body of a raw ASGI request (the relay's and the canned engine's)."""
@@ -45,7 +47,7 @@ def make_app(engine_url: str) -> Any:
         body = await read_body(receive)
         if session is None:
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096))
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **engine_headers()}
         async with session.post(target, data=body, headers=headers) as r:
             kind = r.headers.get("content-type", "application/json").encode()
             await send(

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from rollyard.bench._procs import ADMIN
+from rollyard.core.engine_key import engine_headers
 from rollyard.sim.workload import ProgramPlan, Turn
 
 __all__ = ["LiveRun", "run_live"]
@@ -90,7 +91,7 @@ async def _counters(client: httpx.AsyncClient, url: str, engine_url: str) -> tup
     """(engine preemptions, gateway pauses, restores, hold seconds) so far."""
     admin = {"x-api-key": ADMIN}
     return (
-        await _counter(client, engine_url, "vllm:num_preemptions_total"),
+        await _counter(client, engine_url, "vllm:num_preemptions_total", engine_headers()),
         await _counter(client, url, "rollyard_sched_pauses_total", admin),
         await _counter(client, url, "rollyard_sched_restores_total", admin),
         await _counter(client, url, "rollyard_sched_hold_seconds_sum", admin),

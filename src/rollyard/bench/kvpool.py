@@ -36,6 +36,7 @@ import httpx
 
 from rollyard.bench._model import bench_model
 from rollyard.bench._report import loadavg, report
+from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ConfigError
 from rollyard.engines.kvpool import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster
@@ -66,6 +67,7 @@ def _complete(url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
             "ignore_eos": True,
         },
         timeout=600.0,
+        headers=engine_headers(),
     )
     r.raise_for_status()
     choice = r.json()["choices"][0]
@@ -73,7 +75,7 @@ def _complete(url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
 
 
 def _sources(url: str) -> dict[str, int]:
-    return prompt_token_sources(httpx.get(f"{url}/metrics", timeout=60.0).text)
+    return prompt_token_sources(httpx.get(f"{url}/metrics", timeout=60.0, headers=engine_headers()).text)
 
 
 def _measured(url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from rollyard.bench._procs import _cpu_seconds, _engine, _gateway, _host_busy_se
 from rollyard.bench._report import RESULTS_DIR, loadavg, report
 from rollyard.bench._sim_gateway import gateway_bound
 from rollyard.bench._sim_live import LiveRun, run_live
+from rollyard.core.engine_key import engine_headers
 from rollyard.sched import make_policy, policy_from_spec, policy_names
 from rollyard.sim import Simulation, load_profile, load_workload
 from rollyard.sim.calibrate import Points, measure, profile_of
@@ -158,7 +159,7 @@ def validate(
 
         def live(w: Workload, name: str) -> LiveRun:
             with contextlib.suppress(httpx.HTTPError):
-                httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
+                httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30, headers=engine_headers())
             with _gateway(engine_url, model_dir, ["--policy", name]) as (gw_url, gw_pid):
                 t0, host0, gw0, own0 = (
                     time.perf_counter(),

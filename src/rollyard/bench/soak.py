@@ -7,7 +7,13 @@ registering a new one (so finished programs' state must be freed); every 10th pr
 abandoned unfinished, as by a crashed client (its state stays until the program idle TTL,
 ``--program-idle-ttl-s``, here longer than the run: see ``IDLE_TTL_S``). Meanwhile one client
 sends a 10 MB body every ~2 s (declared, then chunked: both must be refused with 413) and a
-process of its own polls ``/health`` every 50 ms.
+process of its own polls ``/health`` every 50 ms. In the second half of the run comes the
+slow-client phase (``_soak_slow``): ``SLOW_CONNS`` idle partial connections (fewer if the
+descriptor limit, raised soft to hard first, cannot hold them) beside the same load, reopened as
+the gateway's header and body timeouts cut them off, and a new connection every 50 ms for
+``/health``: ``slow_conns_held``, ``new_conn_failures`` (goal 0) and ``/health`` p99 during the
+phase, on the poller's kept-alive connection (``slow_health_p99_ms``, goal <= 100 ms) and on new
+ones (``new_conn_health_p99_ms``). The other ``/health`` figures leave that phase out.
 
 Reported: requests, errors (a status other than 200, or an error event in a stream), resets
 (a connection closed before any status), latency p50/p99, the gateway's RSS growth after
@@ -45,6 +51,7 @@ from rollyard.bench._gateway_load import _pct
 from rollyard.bench._procs import ADMIN, _engine, _gateway
 from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import report
+from rollyard.bench._soak_slow import RAMP_S, fitting_conns, raise_fd_limit, slow_phase
 
 PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
 ABANDON_EVERY = 10  # every 10th program of a client is never finished
@@ -53,6 +60,7 @@ ABANDON_EVERY = 10  # every 10th program of a client is never finished
 # so the TTL is above the run's length: abandoned programs stay; tests/gateway/test_idle*.py
 # show the TTL ending them.
 IDLE_TTL_S = 300
+SLOW_CONNS = 3000  # idle partial connections of the slow-client phase (``_soak_slow``)
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
@@ -245,7 +253,9 @@ class Soak:
             await asyncio.sleep(2.0)
 
 
-async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: int) -> dict[str, Any]:
+async def _run(
+    url: str, pid: int, seconds: float, programs: int, concurrency: int, slow_conns: int = 0
+) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=concurrency + 16, keepalive_timeout=30.0)
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -265,11 +275,23 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
                 rss.append((time.perf_counter() - start, _rss_mb(pid)))
                 await asyncio.sleep(1.0)
 
-        await asyncio.gather(
+        # The slow-client phase: the second half of the run, beside the same load.
+        slow_window = (start + seconds / 2, soak.until - 1.0) if slow_conns else (math.inf, math.inf)
+        phase = slow_phase(url, slow_conns, *slow_window) if slow_conns else asyncio.sleep(0, {})
+        marks: list[tuple[float, float]] = []  # (at, loop thread CPU seconds) at the phase's edges
+
+        async def mark_phase() -> None:
+            for at in (start, slow_window[0], slow_window[0] + RAMP_S, slow_window[1]) if slow_conns else ():
+                await asyncio.sleep(max(0.0, at - time.perf_counter()))
+                marks.append((time.perf_counter(), _schedstat(pid)[0]))
+
+        *_, slow = await asyncio.gather(
+            mark_phase(),
             *(soak.client(share[i]) for i in range(concurrency)),
             soak.poll_health(),
             soak.send_big(progs[0][1]),
             sample_rss(),
+            phase,
         )
         wall = time.perf_counter() - start
         sched1, psi1 = _schedstat(pid), _host_cpu_pressure_s()
@@ -277,8 +299,11 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
     gauges = await asyncio.to_thread(_gauges, url)
     lag = await asyncio.to_thread(_lag_buckets, url)
     warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
-    during = [d for at, d in soak.health if any(a <= at <= b for a, b in soak.big_windows)]
-    other = [d for at, d in soak.health if not any(a <= at <= b for a, b in soak.big_windows)]
+    in_slow = [slow_window[0] + RAMP_S <= at <= slow_window[1] for at, _ in soak.health]
+    big = [any(a <= at <= b for a, b in soak.big_windows) for at, _ in soak.health]
+    during = [d for (_, d), b, s in zip(soak.health, big, in_slow, strict=True) if b and not s]
+    other = [d for (_, d), b, s in zip(soak.health, big, in_slow, strict=True) if not b and not s]
+    slow_health = [d for (_, d), s in zip(soak.health, in_slow, strict=True) if s]
     return {
         "requests": len(soak.lat),
         "errors": sum(soak.errors.values()),
@@ -294,6 +319,20 @@ async def _run(url: str, pid: int, seconds: float, programs: int, concurrency: i
         "health_p99_ms_during_big": 1000 * _pct(during, 0.99) if during else 0.0,
         "health_p99_ms_other": 1000 * _pct(other, 0.99) if other else 0.0,
         "health_samples_during_big": len(during),
+        # The slow-client phase (``_soak_slow``): /health on the poller's kept-alive connection.
+        "slow_health_p99_ms": 1000 * _pct(slow_health, 0.99) if slow_health else 0.0,
+        "slow_health_samples": len(slow_health),
+        # The gateway loop thread's share of a core before the phase and while it held its
+        # connections (after the ramp): what thousands of idle connections cost the gateway.
+        **(
+            {
+                "loop_cpu_share_before_slow": (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]),
+                "loop_cpu_share_during_slow": (marks[3][1] - marks[2][1]) / (marks[3][0] - marks[2][0]),
+            }
+            if len(marks) == 4
+            else {}
+        ),
+        **slow,
         "big_bodies_refused": soak.big_refused,
         "big_bodies_sent": len(soak.big_windows),
         "programs_registered": programs,
@@ -320,10 +359,12 @@ def main(quick: bool = False) -> dict[str, Any]:
     programs, concurrency = (200, 64) if quick else (PROGRAMS, CONCURRENCY)
     load_before = os.getloadavg()
     ttl = ["--program-idle-ttl-s", str(IDLE_TTL_S)]
+    fd_limit = raise_fd_limit()  # before the gateway starts: it inherits the limit
+    slow = fitting_conns(SLOW_CONNS // (3 if quick else 1), reserve=2 * concurrency + 1024)
     with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir, ttl) as (url, pid):
-        res = asyncio.run(_run(url, pid, seconds, programs, concurrency))
+        res = asyncio.run(_run(url, pid, seconds, programs, concurrency, slow))
     res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
-    res["concurrency"] = concurrency
+    res["concurrency"], res["fd_limit"] = concurrency, fd_limit
     summary = {
         "requests": res["requests"],
         "errors": res["errors"],
@@ -333,6 +374,10 @@ def main(quick: bool = False) -> dict[str, Any]:
         "rss_growth": res["rss_growth"],
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
+        "slow_conns_held": res["slow_conns_held"],
+        "new_conn_failures": res["new_conn_failures"],
+        "slow_health_p99_ms": res["slow_health_p99_ms"],
+        "new_conn_health_p99_ms": res["new_conn_health_p99_ms"],
         "loop_lag_p99_ms": res["loop_lag_p99_ms"],
         "loop_runq_wait": res["loop_thread_runq_wait_share"],
         "load1": res["loadavg_after"][0],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -23,6 +24,11 @@ def _interrupt(signum: int, frame: object) -> None:
 def serve(
     model: Path = typer.Option(..., "--model", help="HF model directory"),
     port: int | None = typer.Option(None, help="port (default: a free one)"),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="address to serve on; another than loopback exposes the engine to the network, behind "
+        "the engine key (ROLLYARD_ENGINE_KEY, else ~/.config/rollyard/engine.key) on every route",
+    ),
     kv_tokens: int | None = typer.Option(None, "--kv-tokens", help="cap the KV cache at this many tokens"),
     dtype: str = typer.Option("float32", help="float32 is 4-20x faster than bf16 on CPUs"),
     max_model_len: int = typer.Option(2048, "--max-model-len"),
@@ -51,7 +57,9 @@ def serve(
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
     from pydantic import ValidationError
 
+    from rollyard.core.engine_key import KEY_ENV, key_file
     from rollyard.core.errors import ConfigError
+    from rollyard.core.net import is_loopback
     from rollyard.engines.drafting import DraftingConfig
     from rollyard.engines.kvpool import KVPoolConfig
     from rollyard.engines.launcher import VLLMServer
@@ -69,13 +77,16 @@ def serve(
     except ValidationError as e:
         raise ConfigError(f"--kv-pool {kv_pool!r}: {e.errors()[0]['msg']}") from e
     server = VLLMServer(
-        model, port=port, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
+        model, port=port, host=host, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
         log_path=log_file, startup_timeout_s=timeout, drafting=draft, kv_pool=pool,
         extra_args=["--logprobs-mode", logprobs_mode],
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)
     with server:
         typer.echo(f"engine ready: {server.url}  (log: {server.log_path})")
+        if not is_loopback(host):
+            where = KEY_ENV if os.environ.get(KEY_ENV) else str(key_file())
+            typer.echo(f"every route needs the engine key ({where}); give the gateway's host it as {KEY_ENV}")
         try:
             while server.alive():
                 time.sleep(1.0)

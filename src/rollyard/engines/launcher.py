@@ -26,8 +26,10 @@ from types import TracebackType
 
 import httpx
 
+from rollyard.core.engine_key import KEY_ENV, engine_headers, engine_key
 from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import free_port
+from rollyard.engines.access import MIDDLEWARE
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.tiny_model import check_model_dir, model_positions
@@ -141,6 +143,7 @@ class VLLMServer:
             "--enable-prefix-caching",
             "--block-size", str(self.block_size),
             "--max-logprobs", "20",
+            "--middleware", MIDDLEWARE,  # every route, dev mode's included, needs the engine key
         ]  # fmt: skip
         if not has_cuda_gpu():
             args.append("--enforce-eager")  # ~35 s start on CPU instead of ~100 s with torch.compile
@@ -166,6 +169,7 @@ class VLLMServer:
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
             VLLM_SERVER_DEV_MODE="1",  # /pause, /resume, /collective_rpc (weight reload)
+            **{KEY_ENV: engine_key()},  # behind the key (``engines.access``)
             VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "WARNING"),
         )
         # Idle keep-alive connections outlive the gateway's (4 s) by far: with uvicorn's 5 s a
@@ -235,7 +239,7 @@ class VLLMServer:
                     f"vLLM exited with code {rc} during start-up (log {self.log_path}):\n{self._log_tail()}"
                 )
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                if httpx.get(f"{self.url}/health", timeout=2.0, headers=engine_headers()).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

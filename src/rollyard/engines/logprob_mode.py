@@ -16,6 +16,7 @@ from typing import Literal
 import httpx
 
 from rollyard.core.errors import EngineStartError
+from rollyard.engines.access import engine_http
 
 Mode = Literal["processed_logprobs", "raw_logprobs", "unknown"]
 PROCESSED: Mode = "processed_logprobs"
@@ -46,7 +47,7 @@ def probe(url: str, *, timeout_s: float = 120.0) -> Mode:
     """Ask the engine at ``url`` (two one-token completions) which mode it runs."""
     base = url.rstrip("/")
     try:
-        with httpx.Client(timeout=timeout_s) as client:
+        with engine_http(timeout=timeout_s) as client:
             model = client.get(f"{base}/v1/models").raise_for_status().json()["data"][0]["id"]
             tops = []
             for t in (1.0, PROBE_T):

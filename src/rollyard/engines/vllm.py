@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import pydantic_core
 
+from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
@@ -112,6 +113,7 @@ class VLLMBackend(VersionFence):
                 connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=4.0),
                 timeout=self._timeout,
                 json_serialize=_dumps,
+                headers=engine_headers(),
             )
             self._fresh = None
             self._session_loop = loop
@@ -122,6 +124,7 @@ class VLLMBackend(VersionFence):
                 connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=self._timeout,
                 json_serialize=_dumps,
+                headers=engine_headers(),
             )
         return self._fresh
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest, RollyardError
 from rollyard.core.events import Event, EventKind
@@ -176,6 +177,14 @@ async def _on_http(request: Request, e: Exception) -> JSONResponse:
     return error_response(request.url.path, e.status_code, str(e.detail), code)
 
 
+async def _on_disconnect(request: Request, e: Exception) -> Response:
+    """The client left while its body was being read (it hung up, or the connection guard cut a
+    slow body off): nobody will read an answer, and it is no fault of the gateway's (it was a
+    500 with a traceback per slow client)."""
+    log.info("client left before its body arrived path=%s", request.url.path)
+    return Response(status_code=400)
+
+
 async def _on_unexpected(request: Request, e: Exception) -> JSONResponse:
     log.exception("unexpected error path=%s", request.url.path)
     return error_response(request.url.path, 500, "internal gateway error (see gateway log)", "internal_error")
@@ -185,4 +194,5 @@ def install(app: Any) -> None:
     app.add_exception_handler(RollyardError, _on_rollyard)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(ClientDisconnect, _on_disconnect)
     app.add_exception_handler(Exception, _on_unexpected)

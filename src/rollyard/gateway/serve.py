@@ -20,6 +20,7 @@ import httpx
 
 from rollyard.core.errors import ConfigError
 from rollyard.core.tables import write_parquet
+from rollyard.engines.access import engine_http
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.heap import tune_gc
 from rollyard.gateway.programs import resolve_admin_token
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 def discover_model_dir(engine_url: str) -> tuple[Path, str]:
     """The model directory and served name, from the engine's ``/v1/models`` (``root`` is the path)."""
     try:
-        card = httpx.get(engine_url.rstrip("/") + "/v1/models", timeout=10).json()["data"][0]
+        with engine_http(timeout=10) as client:
+            card = client.get(engine_url.rstrip("/") + "/v1/models").json()["data"][0]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
         raise ConfigError(f"cannot ask {engine_url} for its model ({e}); pass --model-dir") from e
     root = Path(card.get("root") or "")

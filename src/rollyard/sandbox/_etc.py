@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rollyard.core.ids import new_id
 from rollyard.sandbox import _fs
+from rollyard.sandbox._net import RESOLV_CONF
 
 # Host /etc entries a program needs to run; everything else in /etc (shadow, ssh keys, ...) is absent.
 ETC_ENTRIES = (
@@ -40,7 +41,7 @@ def build_etc(root: Path, uid: int, home: str) -> Path:
         "group": f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
         "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-        "resolv.conf": "",  # an empty file to bind the host's over when network is on
+        "resolv.conf": RESOLV_CONF,  # slirp4netns's DNS forwarder, for sandboxes with network
     }
     key = hashlib.sha256(repr(sorted(files.items())).encode())
     for name in ETC_ENTRIES:

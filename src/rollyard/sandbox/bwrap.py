@@ -35,6 +35,7 @@ from rollyard.sandbox import _fs
 from rollyard.sandbox._cgroup import Cgroups
 from rollyard.sandbox._etc import build_etc
 from rollyard.sandbox._host import HostWorkspace, check_env, check_spec
+from rollyard.sandbox._net import UserNet
 from rollyard.sandbox._pidns import PidNamespace, parent_of
 from rollyard.sandbox._proc import confine, dash_confine, run_capped
 from rollyard.sandbox._quota import mount_quota
@@ -80,6 +81,7 @@ class BwrapSandbox(HostWorkspace):
         self._prefix: list[str] = []
         self._preexec: Callable[[], None] | None = None  # confines bwrap when dash does not
         self._popen_uid: int | None = None  # the uid Popen switches to (forces a fork)
+        self._net: UserNet | None = None  # its network namespace when the spec asks for network
 
     def _rlimits(self) -> list[tuple[int, int]]:
         lim = self.spec.limits
@@ -94,10 +96,8 @@ class BwrapSandbox(HostWorkspace):
 
     def _argv_prefix(self) -> list[str]:
         argv = [*self._provider.base_argv]
-        if self.spec.network:
+        if self.spec.network:  # the sandbox's own namespace, entered by exec (see ``_net``)
             argv.append("--share-net")
-            if os.path.exists("/etc/resolv.conf"):
-                argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
         argv += ["--bind", str(self.dir / "tmp"), "/tmp", "--bind", str(self.dir / "home"), HOME]
         argv += ["--bind", str(self.workspace), self.spec.workdir]
         for host, inside in self.spec.ro_binds:
@@ -126,7 +126,8 @@ class BwrapSandbox(HostWorkspace):
         info_r, info_w = os.pipe()  # bwrap reports the host pid of the namespace's pid 1 here
         pidns = PidNamespace(info_r)
         fds = [info_w]
-        argv = [*self._prefix, "--info-fd", str(info_w)]
+        enter = self._net.enter() if self._net is not None else []
+        argv = [*enter, *self._prefix, "--info-fd", str(info_w)]
         filt = self._provider.seccomp if self.spec.limits.seccomp else None
         if filt is not None:  # bwrap reads the BPF program from this fd and loads it before exec
             fds.append(os.open(filt, os.O_RDONLY | os.O_CLOEXEC))
@@ -200,6 +201,8 @@ class BwrapSandbox(HostWorkspace):
         if self._lease is not None and (self._active or self._killed):
             self._settle(force=True)  # every process of this uid is ours
             self.leaked = len(processes_of(self.uid))
+        if self._net is not None:
+            self.leaked += self._net.close()
         if self.cgroups:
             self.leaked += Cgroups.remove(self.cgroups)
         if self._provider._cgroups is not None:
@@ -392,6 +395,10 @@ class BwrapProvider:
             sb._prefix = sb._argv_prefix()
             sb._preexec = confine(sb._rlimits(), procs)
             sb._popen_uid = lease.uid if lease is not None else None
+        if sb.spec.network:
+            if sb._preexec is not None:  # nsenter must run as root, before the uid switch
+                raise SandboxError("network: true needs dash and setpriv (to join the network as root)")
+            sb._net = UserNet()
         sb.dir.mkdir(mode=0o711)
         mount_quota(sb.dir, sb.spec.limits.disk_mb)  # all of its files together (not per file)
         owner = sb._owner

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ConfigError, EngineUnavailable
 from rollyard.sim.profile import EngineProfile, save_profile
 
@@ -162,7 +163,7 @@ class Points:
 
 async def _measure(url: str, quick: bool, seed: int) -> Points:
     rng = random.Random(seed)
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=600.0) as client:
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=600.0, headers=engine_headers()) as client:
         try:
             info = await _info(client)
         except httpx.HTTPError as e:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rollyard.core.net import free_port
+from rollyard.engines.access import engine_http
 from rollyard.engines.vllm import VLLMBackend
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,14 @@ class FleetClient:
     def __init__(self, urls: Sequence[str]) -> None:
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
-        self.clients = [HTTPVLLMWeightSyncClient(u) for u in urls]
+        class Keyed(HTTPVLLMWeightSyncClient):  # type: ignore[misc]
+            """vLLM's client posts without headers; rollyard's engines want the engine key."""
+
+            def _post(self, path: str, json: dict[str, Any] | None = None) -> None:
+                with engine_http(timeout=self.timeout) as http:
+                    http.post(f"{self.base_url}/{path}", json=json).raise_for_status()
+
+        self.clients = [Keyed(u) for u in urls]
 
     def _all(self, call: str, payload: list[Any]) -> None:
         with ThreadPoolExecutor(len(self.clients)) as ex:
