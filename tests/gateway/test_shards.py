@@ -7,7 +7,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from rollyard.bench._canned_engine import make_app as canned_engine
+from rollyard.core.net import free_ports
 from rollyard.core.program import Program
 from rollyard.core.tables import read_parquet
 from rollyard.engines.base import EngineStats
@@ -80,7 +80,7 @@ def test_shards_split_every_engine_so_their_budgets_never_sum_past_it(
 def test_a_creation_another_shard_owns_is_sent_there_and_a_dead_owner_is_a_503(
     tok: FastTokenizer, tmp_path: Path
 ) -> None:
-    closed = _free_ports(2)  # nothing listens on port + 1: shard 1 is down
+    closed = free_ports(2)  # nothing listens on port + 1: shard 1 is down
     layout = ShardLayout(count=2, index=0, port=closed)
     gw = build_gateway({"e0": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny", share=0.5)
     ids = [f"p{i}" for i in range(40)]
@@ -98,25 +98,6 @@ def test_a_creation_another_shard_owns_is_sent_there_and_a_dead_owner_is_a_503(
 
 
 # -- real processes --------------------------------------------------------------------------
-
-
-def _free_ports(n: int) -> int:
-    """A port p with p .. p+n-1 all free now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s, contextlib.suppress(OSError):
-                s.bind(("127.0.0.1", p))
-                continue
-            ok = False
-        if ok:
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 def _listener_pid(port: int) -> int:
@@ -138,7 +119,7 @@ def _listener_pid(port: int) -> int:
 
 @contextlib.contextmanager
 def sharded_gateway(engine: str, model_dir: Path, state: Path, workers: int) -> Iterator[str]:
-    port = _free_ports(workers)
+    port = free_ports(workers)
     cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine, "--port", str(port)]
     cmd += ["--model-dir", str(model_dir), "--model-name", "tiny", "--state-dir", str(state)]
     cmd += ["--workers", str(workers)]
@@ -231,7 +212,7 @@ def test_a_killed_shard_comes_back_with_its_programs_and_shards_end_with_the_sup
 ) -> None:
     auth = {"Authorization": f"Bearer {ADMIN}"}
     with serving(canned_engine(max_model_len=2048)) as engine:
-        port = _free_ports(2)
+        port = free_ports(2)
         cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine, "--port", str(port)]
         cmd += ["--model-dir", str(tiny_model_dir), "--state-dir", str(tmp_path), "--workers", "2"]
         proc = subprocess.Popen(

@@ -37,7 +37,8 @@ async def test_the_run_drives_its_gateway_process_through_the_admin_api(
             assert os.getsid(gw.proc.pid) != os.getsid(0)  # Ctrl-C in the terminal is the run's
             assert backends[0].gateway is gw.client  # fences are taken from the gateway now
             sampling = SamplingPolicy(max_tokens=5)
-            program = await gw.client.create(Program(group_id="g", task_id="t", sampling=sampling))
+            program, shard = await gw.client.create(Program(group_id="g", task_id="t", sampling=sampling))
+            assert shard == 0  # one gateway process: one shard
             client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=program.api_key)
             await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
             tool = Event(kind=EventKind.NOTE, turn_index=0, at=1.0, data={"from": "the agent's side"})

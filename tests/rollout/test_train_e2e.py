@@ -70,12 +70,42 @@ async def test_two_steps_publish_weights_and_later_turns_carry_the_new_version(
     assert "steps: 2" in summary.read_text()
 
 
+async def test_two_gateway_shards_serve_fence_and_journal_a_run(
+    tmp_path: Path, make_config: Callable[..., Config]
+) -> None:
+    """``gateway.workers: 2``: programs live on both shards (groups hashed), each shard fences its
+    own requests around every weight update, and the run reads every program back."""
+    cfg = make_config(**{"gateway.workers": 2, "buffer.max_staleness": 0})
+    run = RunDir(tmp_path / "run")
+    last = await train(cfg, run)
+    rows = run.read_metrics()
+    assert [r["step"] for r in rows] == [1, 2] and last["policy_version"] == 2
+    assert all(r["gateway_loop_lag_max_ms"] >= 0 and "sched_pauses" in r for r in rows)
+    step2 = read_parquet(run.trajectory_file(2))
+    assert len(step2) == cfg.run.groups_per_step * cfg.run.group_size
+    assert min(v for t in step2 for v in t.policy_versions) >= 1  # both shards stamped the new version
+    held = []
+    for k in (0, 1):
+        journal = SqliteJournal(run.root / f"journal-{k}.db")
+        try:
+            ids = journal.program_ids()
+            assert all(journal.trajectory(i).outcome is not None for i in ids)
+            held.append({journal.trajectory(i).group_id for i in ids})
+        finally:
+            journal.close()
+    assert held[0] and held[1] and not held[0] & held[1]  # both shards used; a group on one only
+    assert not (run.root / "journal.db").exists()
+
+
 async def test_a_blackbox_sdk_agent_trains_through_the_gateway_socket(
     tmp_path: Path, make_config: Callable[..., Config], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The shipped OpenAI-SDK agent, unmodified, in each program's bwrap sandbox: its only way
     out is the run's gateway socket; its calls are recorded and trained like white-box turns."""
-    cfg = make_config(**{"agent.kind": "blackbox", "agent.profile": "openai", "run.steps": 1})
+    # two gateway shards: each program's sandbox reaches its own shard's socket
+    cfg = make_config(
+        **{"agent.kind": "blackbox", "agent.profile": "openai", "run.steps": 1, "gateway.workers": 2}
+    )
     run = RunDir(tmp_path / "run")
     with caplog.at_level(logging.INFO, logger="rollyard.rollout.gateway_proc"):
         last = await train(cfg, run)

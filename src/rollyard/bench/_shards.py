@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from rollyard.bench._procs import ADMIN, _cpu_seconds, _healthy, _wait_until
+from rollyard.core.net import free_ports
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 16}
 
@@ -53,28 +53,10 @@ def tree_cpu_seconds(root: int) -> float:
     return total
 
 
-def _free_run(n: int) -> int:
-    """A port p with p .. p+n-1 free now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        free = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    free = False
-        if free:
-            return base
-    raise RuntimeError("no run of free ports")
-
-
 @contextlib.contextmanager
 def sharded(engine_url: str, model_dir: Path, workers: int) -> Iterator[tuple[str, int]]:
     """``rollyard gateway --workers N``: (shard 0's url, the supervisor's pid)."""
-    port = _free_run(workers)
+    port = free_ports(workers)
     with tempfile.TemporaryDirectory() as state:
         cmd = [sys.executable, "-m", "rollyard", "gateway", "--engine", engine_url, "--port", str(port)]
         cmd += ["--model-dir", str(model_dir), "--model-name", "tiny", "--state-dir", state]

@@ -15,6 +15,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 all free now (gateway shards listen on consecutive ports)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65536:
+            continue
+        ok = True
+        for p in range(base + 1, base + n):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise OSError(f"no {n} consecutive free ports found")
+
+
 WILDCARDS = ("0.0.0.0", "::", "")
 
 

@@ -14,6 +14,7 @@ when the run's process dies (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.core.errors import ConfigError
 from rollyard.gateway.settings import GatewayLimits
+from rollyard.gateway.shards import ShardLayout
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +52,18 @@ class GatewayProcessSpec(BaseModel):
     port: int = Field(ge=1, le=65535)
     uds: Path | None = None  # the sandboxes' door, when black-box agents run
     capacity: int = Field(default=64, ge=1)
+    workers: int = Field(default=1, ge=1)  # shards (``gateway/shards.py``): port + k, journal-k.db
     policy: dict[str, Any] = Field(default_factory=lambda: {"policy": "fifo"})  # make_policy's arguments
     divide_tokens: int | None = Field(default=None, ge=1)
     limits: GatewayLimits = Field(default_factory=GatewayLimits)
 
+    def layout(self, index: int) -> ShardLayout:
+        return ShardLayout(self.workers, index, self.port, self.uds, self.host)
 
-def build_app(spec: GatewayProcessSpec, admin_token: str) -> Any:
-    """The app the process serves (its own engine clients: the fence lives with them)."""
+
+def build_app(spec: GatewayProcessSpec, admin_token: str, layout: ShardLayout | None = None) -> Any:
+    """The app the process (or shard ``layout.index``) serves; its own engine clients: the fence
+    lives with them."""
     from rollyard.engines.vllm import VLLMBackend
     from rollyard.gateway.app import build_gateway, create_app
     from rollyard.gateway.tokenizer import FastTokenizer
@@ -74,27 +81,44 @@ def build_app(spec: GatewayProcessSpec, admin_token: str) -> Any:
         )
         for e in spec.engines
     }
+    layout = layout or spec.layout(0)
     gw = build_gateway(
         backends,
         FastTokenizer(spec.model_dir),
-        spec.journal,
+        layout.journal_of(spec.journal.parent, layout.index) if layout.sharded else spec.journal,
         admin_token,
         spec.model_name,
         capacity=spec.capacity,
         policy=policy,
         divide_tokens=spec.divide_tokens,
+        share=layout.share,
     )
-    return create_app(gw, limits=spec.limits)
+    return create_app(gw, limits=spec.limits, layout=layout)
 
 
-def main(argv: list[str]) -> None:
-    import os
-
+def serve_spec(layout: ShardLayout, spec_path: Path) -> None:
+    """Serve ``spec_path``'s gateway as shard ``layout.index`` until SIGTERM."""
     import uvicorn
 
     from rollyard.gateway.heap import tune_gc
     from rollyard.gateway.serve import bind_tcp, bind_unix_socket, uvicorn_config
-    from rollyard.gateway.workers import die_with_parent
+
+    token = os.environ.get("ROLLYARD_ADMIN_TOKEN")
+    if not token:
+        raise ConfigError("the gateway process needs ROLLYARD_ADMIN_TOKEN in its environment")
+    spec = GatewayProcessSpec.model_validate_json(spec_path.read_text())
+    app = build_app(spec, token, layout)
+    sockets = [bind_tcp(spec.host, layout.port_of(layout.index))]
+    uds = layout.uds_of(layout.index)
+    if uds is not None:
+        sockets.append(bind_unix_socket(uds))
+    config = uvicorn_config(app, spec.limits, lifespan="on", timeout_graceful_shutdown=DRAIN_S)
+    tune_gc(freeze=True)  # a process of its own: its start-up objects can be frozen
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def main(argv: list[str]) -> None:
+    from rollyard.gateway.workers import Supervisor, die_with_parent
 
     die_with_parent()
     logging.basicConfig(
@@ -102,17 +126,12 @@ def main(argv: list[str]) -> None:
     )
     if len(argv) != 1:
         raise SystemExit("usage: python -m rollyard.gateway.process SPEC.json")
-    token = os.environ.get("ROLLYARD_ADMIN_TOKEN")
-    if not token:
-        raise ConfigError("the gateway process needs ROLLYARD_ADMIN_TOKEN in its environment")
-    spec = GatewayProcessSpec.model_validate_json(Path(argv[0]).read_text())
-    app = build_app(spec, token)
-    sockets = [bind_tcp(spec.host, spec.port)]
-    if spec.uds is not None:
-        sockets.append(bind_unix_socket(spec.uds))
-    config = uvicorn_config(app, spec.limits, lifespan="on", timeout_graceful_shutdown=DRAIN_S)
-    tune_gc(freeze=True)  # a process of its own: its start-up objects can be frozen
-    uvicorn.Server(config).run(sockets=sockets)
+    path = Path(argv[0])
+    spec = GatewayProcessSpec.model_validate_json(path.read_text())
+    if spec.workers == 1:
+        serve_spec(spec.layout(0), path)
+    else:  # a supervisor of shard processes, each serving its share of programs and engines
+        Supervisor(spec.layout(0), serve_spec, path).run()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -38,22 +39,29 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _shard_main(kwargs: dict[str, Any]) -> None:
-    """A shard process: serve until SIGTERM (uvicorn stops gracefully on it)."""
+ShardMain = Callable[[ShardLayout, Any], None]
+
+
+def _serve_shard(layout: ShardLayout, kwargs: dict[str, Any]) -> None:
+    """``rollyard gateway --workers``' shard: ``serve`` with its layout."""
     from rollyard.gateway.serve import serve
 
+    serve(**kwargs, layout=layout)
+
+
+def _shard_main(target: ShardMain, layout: ShardLayout, arg: Any) -> None:
+    """A shard process: serve until SIGTERM (uvicorn stops gracefully on it)."""
     die_with_parent()
-    logging.basicConfig(
-        level=logging.WARNING, format=f"shard{kwargs['layout'].index} %(levelname)s %(message)s"
-    )
-    serve(**kwargs)
+    logging.basicConfig(level=logging.WARNING, format=f"shard{layout.index} %(levelname)s %(message)s")
+    target(layout, arg)
 
 
 class Supervisor:
-    """Runs ``layout.count`` shards of ``serve(**kwargs)`` until stopped."""
+    """Runs ``layout.count`` shards, each ``target(its layout, arg)`` in a process, until stopped
+    (``target`` and ``arg`` must pickle: shards are spawned)."""
 
-    def __init__(self, layout: ShardLayout, kwargs: dict[str, Any]) -> None:
-        self.layout, self.kwargs = layout, kwargs
+    def __init__(self, layout: ShardLayout, target: ShardMain, arg: Any) -> None:
+        self.layout, self.target, self.arg = layout, target, arg
         self._ctx = multiprocessing.get_context("spawn")  # no inherited loop, threads or sockets
         self.procs: dict[int, BaseProcess] = {}
         self._started: dict[int, float] = {}
@@ -64,9 +72,7 @@ class Supervisor:
 
     def _start(self, k: int) -> None:
         layout = replace(self.layout, index=k)
-        proc = self._ctx.Process(
-            target=_shard_main, args=({**self.kwargs, "layout": layout},), name=f"shard{k}"
-        )
+        proc = self._ctx.Process(target=_shard_main, args=(self.target, layout, self.arg), name=f"shard{k}")
         proc.start()
         self.procs[k], self._started[k] = proc, time.monotonic()
         log.info("gateway shard %d/%d pid=%s port=%d", k, layout.count, proc.pid, layout.port_of(k))
@@ -150,4 +156,4 @@ def serve_workers(count: int, engines: list[str], **kwargs: Any) -> None:
             f"rollyard gateway: shard {k} on {layout.url_of(k)}" + (f" and {sock}" if sock else ""),
             flush=True,
         )
-    Supervisor(layout, {**kwargs, "engines": engines, "admin_token": token}).run()
+    Supervisor(layout, _serve_shard, {**kwargs, "engines": engines, "admin_token": token}).run()

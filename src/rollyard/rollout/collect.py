@@ -163,12 +163,15 @@ async def run_program(
         runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):
         async with svc.slots:
-            program = await gw.create(
+            program, shard = await gw.create(
                 Program(group_id=group_id, group_size=group_size, task_id=task.id, sampling=sampling)
             )
-            # a worker on another machine dials the gateway's advertised address, not loopback
-            url = svc.gateway.advertised_url if runner.remote else svc.gateway.url
-            res = await runner.run(task, program, url + "/v1", svc.agent)
+            # its shard's address; a worker on another machine dials the advertised one, not loopback
+            url = svc.gateway.url_of(shard, remote=runner.remote)
+            agent = svc.agent
+            if isinstance(agent, BlackBoxRunner):  # the sandbox's door is its shard's socket
+                agent = agent.through(svc.gateway.socket_of(shard) or agent.socket_path)
+            res = await runner.run(task, program, url + "/v1", agent)
         if svc.gateway.closing:  # the run is being torn down; its journal is closing
             raise asyncio.CancelledError
         state = ProgramState.FINISHED if res.status in _CLEAN_END else ProgramState.TERMINATED

@@ -109,6 +109,9 @@ class GatewayConfig(_Section):
     advertise: str | None = None
     port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
     capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
+    # gateway shards, one process each (``gateway/shards.py``): a program lives on one, each
+    # schedules 1/workers of every engine; ports port .. port + workers - 1
+    workers: int = Field(default=1, ge=1, le=64)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     divided: DividedConfig | None = None  # None: every generation runs in one piece
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets

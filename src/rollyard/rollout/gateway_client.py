@@ -10,6 +10,7 @@ updates), and the run's loop is not the gateway's.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -27,41 +28,56 @@ _CREATE_FIELDS = ("id", "group_id", "group_size", "task_id", "sampling", "contex
 
 
 class GatewayClient:
-    def __init__(self, url: str, admin_token: str) -> None:
-        self.url = url
+    """``urls``: each gateway shard's (one for an unsharded gateway). Programs are asked of the
+    first (any shard's admin API reaches every program); engine calls go to every shard, each
+    of which fences and stamps its own requests."""
+
+    def __init__(self, urls: list[str], admin_token: str) -> None:
+        self.urls = urls
         headers = {"authorization": f"Bearer {admin_token}"}
-        self._http = httpx.AsyncClient(base_url=url, headers=headers, timeout=TIMEOUT_S, trust_env=False)
-        self._sync = httpx.Client(base_url=url, headers=headers, timeout=TIMEOUT_S, trust_env=False)
+        self._http = httpx.AsyncClient(headers=headers, timeout=TIMEOUT_S, trust_env=False)
+        self._sync = httpx.Client(headers=headers, timeout=TIMEOUT_S, trust_env=False)
 
     async def aclose(self) -> None:
         await self._http.aclose()
         self._sync.close()
 
-    async def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None, shard: int = 0
+    ) -> Any:
         kw: dict[str, Any] = {"json": body}
         if timeout is not None:
             kw["timeout"] = timeout
         try:
-            resp = await self._http.request(method, path, **kw)
+            resp = await self._http.request(method, self.urls[shard] + path, **kw)
         except httpx.HTTPError as e:
             raise GatewayUnavailable(f"the run's gateway did not answer {method} {path}: {e!r}") from e
         raise_for(resp, "the run's gateway")
         return resp.json()
 
-    def _call_sync(self, method: str, path: str, body: Any = None) -> Any:
-        try:
-            resp = self._sync.request(method, path, json=body)
-        except httpx.HTTPError as e:
-            raise GatewayUnavailable(f"the run's gateway did not answer {method} {path}: {e!r}") from e
-        raise_for(resp, "the run's gateway")
-        return resp.json()
+    async def _each(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None
+    ) -> list[Any]:
+        """The same call on every shard, at once."""
+        calls = (self._call(method, path, body, timeout, k) for k in range(len(self.urls)))
+        return list(await asyncio.gather(*calls))
+
+    def _each_sync(self, method: str, path: str, body: Any = None) -> None:
+        for url in self.urls:
+            try:
+                resp = self._sync.request(method, url + path, json=body)
+            except httpx.HTTPError as e:
+                raise GatewayUnavailable(f"the run's gateway did not answer {method} {path}: {e!r}") from e
+            raise_for(resp, "the run's gateway")
 
     # programs -----------------------------------------------------------------------------------
-    async def create(self, program: Program) -> Program:
-        """Create ``program`` (its id, group, task, sampling...); the gateway's, with its key."""
+    async def create(self, program: Program) -> tuple[Program, int]:
+        """Create ``program`` (its id, group, task, sampling...): the gateway's, with its key, and
+        the shard it lives on (whose address its agent must be given)."""
         body = program.model_dump(mode="json", include=set(_CREATE_FIELDS), exclude_none=True)
         made = await self._call("POST", "/programs", body)
-        return Program.model_validate({k: v for k, v in made.items() if k in Program.model_fields})
+        created = Program.model_validate({k: v for k, v in made.items() if k in Program.model_fields})
+        return created, int(made.get("shard", 0))
 
     async def record_events(self, program_id: str, events: list[Event]) -> None:
         for i in range(0, len(events), _EVENTS_PER_CALL):
@@ -84,26 +100,38 @@ class GatewayClient:
 
     # engines --------------------------------------------------------------------------------------
     async def engines(self) -> dict[str, Any]:
-        """Versions, holds, health; the scheduler's counts; loop lag since the previous call."""
-        return await self._call("GET", "/engines")  # type: ignore[no-any-return]
+        """Versions, holds, health (the first shard's view); the scheduler's counts summed over
+        shards; the worst shard's loop lag since the previous call."""
+        shards = await self._each("GET", "/engines")
+        counts: dict[str, int] = {}
+        for s in shards:
+            for k, v in s["counts"].items():
+                counts[k] = counts.get(k, 0) + v
+        return {
+            "data": shards[0]["data"],
+            "counts": counts,
+            "loop_lag_p99_ms": max(s["loop_lag_p99_ms"] for s in shards),
+            "loop_lag_max_ms": max(s["loop_lag_max_ms"] for s in shards),
+        }
 
     async def refresh(self) -> None:
-        await self._call("POST", "/engines/refresh")
+        await self._each("POST", "/engines/refresh")
 
     async def enter_fence(self, engine: str) -> float:
-        """Drain and pause ``engine`` in the gateway; the seconds the drain took."""
-        answer = await self._call("POST", f"/engines/{engine}/fence", {}, timeout=FENCE_TIMEOUT_S)
-        return float(answer["drained_s"])
+        """Drain and pause ``engine`` in every shard (the engine is paused once all have drained:
+        each shard's ``/pause?mode=wait`` waits out the others' requests too); the longest drain."""
+        answers = await self._each("POST", f"/engines/{engine}/fence", {}, timeout=FENCE_TIMEOUT_S)
+        return max(float(a["drained_s"]) for a in answers)
 
     async def leave_fence(self, engine: str, version: int, failed: str | None) -> None:
         why = failed[:2000] if failed is not None else None
-        await self._call("POST", f"/engines/{engine}/fence/leave", {"version": version, "failed": why})
+        await self._each("POST", f"/engines/{engine}/fence/leave", {"version": version, "failed": why})
 
     def hold(self, engine: str, why: str) -> None:
-        self._call_sync("POST", f"/engines/{engine}/hold", {"why": why[:2000]})
+        self._each_sync("POST", f"/engines/{engine}/hold", {"why": why[:2000]})
 
     def release(self, engine: str) -> None:
-        self._call_sync("POST", f"/engines/{engine}/release")
+        self._each_sync("POST", f"/engines/{engine}/release")
 
     def serving(self, engine: str, version: int) -> None:
-        self._call_sync("POST", f"/engines/{engine}/serving", {"version": version})
+        self._each_sync("POST", f"/engines/{engine}/serving", {"version": version})

@@ -29,8 +29,9 @@ from pathlib import Path
 import httpx
 
 from rollyard.core.errors import EngineStartError
-from rollyard.core.net import WILDCARDS, advertised_url, free_port
+from rollyard.core.net import advertised_url, free_ports
 from rollyard.gateway.process import DRAIN_S, EngineSpec, GatewayProcessSpec
+from rollyard.gateway.shards import ShardLayout
 from rollyard.rollout.config import Config
 from rollyard.rollout.episode import MODEL_NAME
 from rollyard.rollout.gateway_client import GatewayClient
@@ -46,12 +47,34 @@ STOP_TIMEOUT_S = DRAIN_S + 15.0
 @dataclass
 class GatewayServer:
     client: GatewayClient
-    url: str
+    layout: ShardLayout  # one shard unless ``gateway.workers``; shard k on port + k
     admin_token: str
     proc: subprocess.Popen[bytes]
     closing: bool = False  # set first at teardown: a program ending now must not touch the gateway
-    socket_path: Path | None = None  # the sandboxes' door (black-box agents), when served
-    advertised_url: str = ""  # how workers on other machines reach it (``gateway.advertise``)
+    advertise: str | None = None  # ``gateway.advertise``: how workers on other machines reach it
+
+    @property
+    def url(self) -> str:
+        """Shard 0's address on this host (its admin API reaches every program)."""
+        return self.layout.url_of(0)
+
+    @property
+    def socket_path(self) -> Path | None:
+        """Shard 0's unix socket (the sandboxes' door, when served); shard k's: ``socket_of(k)``."""
+        return self.layout.uds_of(0)
+
+    @property
+    def advertised_url(self) -> str:
+        return self.url_of(0, remote=True)
+
+    def url_of(self, shard: int, *, remote: bool = False) -> str:
+        """Where a program on ``shard`` is reached: from this host, or from another machine."""
+        if remote:
+            return advertised_url(self.layout.host, self.layout.port_of(shard), self.advertise)
+        return self.layout.url_of(shard)
+
+    def socket_of(self, shard: int) -> Path | None:
+        return self.layout.uds_of(shard)
 
     async def stop(self) -> None:
         """SIGTERM: the gateway stops accepting, drains its requests (``DRAIN_S``), closes its
@@ -67,7 +90,7 @@ class GatewayServer:
             await asyncio.to_thread(self.proc.wait, 10)
         await self.client.aclose()
         if self.socket_path is not None:
-            shutil.rmtree(self.socket_path.parent, ignore_errors=True)
+            shutil.rmtree(self.socket_path.parent, ignore_errors=True)  # every shard's socket
 
     def kill(self) -> None:
         """The forced-exit path: SIGKILL now."""
@@ -101,6 +124,7 @@ def gateway_spec(
         port=port,
         uds=uds,
         capacity=cfg.gateway.capacity,
+        workers=cfg.gateway.workers,
         policy={**{k: v for k, v in policy.items() if v is not None}, **s.options},
         divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
         limits=cfg.gateway.limits,
@@ -114,7 +138,7 @@ async def start_gateway(
     unix socket in a fresh short /tmp dir (socket paths must stay under 108 bytes) that sandboxes
     of black-box agents reach. Once it answers, ``backends`` take their fences from it."""
     token = "rya-" + secrets.token_urlsafe(24)
-    port = cfg.gateway.port or free_port()
+    port = cfg.gateway.port or free_ports(cfg.gateway.workers)
     socket_path = Path(tempfile.mkdtemp(prefix="ry-gw-", dir="/tmp")) / "gw.sock" if uds else None
     spec = gateway_spec(cfg, run_dir, backends, model_dir, port, socket_path)
     spec_path = run_dir / "gateway.json"
@@ -129,22 +153,32 @@ async def start_gateway(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the run's Ctrl-C is the run's: it stops the gateway in order
         )
-    host = "127.0.0.1" if cfg.gateway.host in WILDCARDS else cfg.gateway.host
-    url = f"http://{host}:{port}"
-    server = GatewayServer(GatewayClient(url, token), url, token, proc, socket_path=socket_path)
+    layout = spec.layout(0)
+    urls = [layout.url_of(k) for k in range(layout.count)]
+    server = GatewayServer(GatewayClient(urls, token), layout, token, proc, advertise=cfg.gateway.advertise)
     try:
         await _wait_ready(server, log_path)
     except BaseException:
         server.kill()
         await server.stop()
         raise
-    server.advertised_url = advertised_url(cfg.gateway.host, port, cfg.gateway.advertise)
     for b in backends:
         b.gateway = server.client
     log.info(
-        "gateway up pid=%d url=%s socket=%s advertised=%s", proc.pid, url, socket_path, server.advertised_url
+        "gateway up pid=%d url=%s socket=%s advertised=%s shards=%d",
+        proc.pid,
+        server.url,
+        socket_path,
+        server.advertised_url,
+        layout.count,
     )
     return server
+
+
+async def _answers(http: httpx.AsyncClient, url: str, socket: Path | None) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return (await http.get(f"{url}/health")).status_code == 200 and (socket is None or socket.exists())
+    return False
 
 
 async def _wait_ready(server: GatewayServer, log_path: Path) -> None:
@@ -156,10 +190,13 @@ async def _wait_ready(server: GatewayServer, log_path: Path) -> None:
                 raise EngineStartError(
                     f"the gateway exited during start-up (code {server.proc.returncode}):\n{tail}"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                up = (await http.get(f"{server.url}/health")).status_code == 200
-                if up and (server.socket_path is None or server.socket_path.exists()):
-                    return
+            if all(
+                [
+                    await _answers(http, server.url_of(k), server.socket_of(k))
+                    for k in range(server.layout.count)
+                ]
+            ):
+                return
             await asyncio.sleep(0.1)
     raise EngineStartError(
         f"the gateway did not answer on {server.url} within {START_TIMEOUT_S:.0f} s ({log_path})"

@@ -40,9 +40,11 @@ class RunJudge:
     calls: int = 0
     unreadable: int = 0
 
-    async def _ask_once(self, messages: list[dict[str, str]], api_key: str | None) -> str:
+    async def _ask_once(
+        self, messages: list[dict[str, str]], api_key: str | None, base_url: str | None = None
+    ) -> str:
         s = self.settings
-        client = ChatClient(self.base_url, api_key=api_key, timeout_s=s.timeout_s)
+        client = ChatClient(base_url or self.base_url, api_key=api_key, timeout_s=s.timeout_s)
         try:
             return await client.complete(
                 messages, model=s.model, temperature=s.temperature, max_tokens=s.max_tokens
@@ -55,9 +57,11 @@ class RunJudge:
         if self.gateway is None:
             return await self._ask_once(messages, self.settings.api_key)
         free = SamplingPolicy(temperature=None, top_p=None, max_tokens=None)  # the judge's own asks
-        program = await self.gateway.create(Program(group_id=JUDGE_GROUP, task_id=JUDGE_GROUP, sampling=free))
+        program, shard = await self.gateway.create(
+            Program(group_id=JUDGE_GROUP, task_id=JUDGE_GROUP, sampling=free)
+        )
         try:
-            return await self._ask_once(messages, program.api_key)
+            return await self._ask_once(messages, program.api_key, self.gateway.urls[shard] + "/v1")
         finally:
             with contextlib.suppress(Exception):  # the run may be closing under us
                 await self.gateway.finish(program.id, ProgramState.FINISHED, "judged")

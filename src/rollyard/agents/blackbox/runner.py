@@ -50,6 +50,13 @@ class BlackBoxRunner:
         self.socket_path = Path(socket_path)
         self.isolated = isolated
 
+    def through(self, socket_path: Path) -> BlackBoxRunner:
+        """The same runner on another gateway socket (a sharded gateway's, in the same directory:
+        the sandbox binds that directory, so any shard's socket is reachable the same way)."""
+        if Path(socket_path) == self.socket_path:
+            return self
+        return BlackBoxRunner(self.profile, socket_path, isolated=self.isolated)
+
     def spec(self, base: SandboxSpec | None = None) -> SandboxSpec:
         """``base`` plus the socket dir (read-write), the forwarder, examples, Python and the
         profile's CLI (read-only), under ``base``'s limits with the profile's own on top."""
