@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -15,7 +14,7 @@ from rollyard.core.tables import read_parquet
 from rollyard.core.trajectory import extends
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.recorder import SqliteJournal
-from rollyard.rollout.config import Config, builtin_config, resolve_paths
+from rollyard.rollout.config import Config
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.report import make_report
 from rollyard.rollout.rundir import RunDir
@@ -215,37 +214,6 @@ async def test_train_runs_under_the_rollyard_policy_with_pauses_restores_and_san
     assert row["sandbox_ahead_hits"] >= 1, row
     trajs = read_parquet(run.trajectory_file(1))
     assert len(trajs) == programs and all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
-
-
-async def test_a_pretrained_smollm2_run_converts_serves_and_trains(tmp_path: Path) -> None:
-    """`model.pretrained` end to end: the run makes its model dir from the cached conversion,
-    starts its own vLLM on it, rolls out `readout` programs and publishes a trained version."""
-    overrides = {
-        "model.path": str(tmp_path / "run" / "model"),
-        "sft.enabled": False,
-        "tasks.train.n": 4,
-        "tasks.eval": None,
-        "agent.max_turns": 2,
-        "agent.max_tokens": 32,
-        "engine.kv_tokens": 8192,
-        "engine.startup_timeout_s": 900,
-        "run.steps": 1,
-        "run.groups_per_step": 1,
-        "run.group_size": 2,
-        "run.progress": False,
-        "trainer.train_layers": 4,
-    }
-    cfg = resolve_paths(builtin_config("demo-smollm2", overrides), tmp_path / "run")
-    run = RunDir(tmp_path / "run")
-    last = await train(cfg, run)
-    assert json.loads((run.root / "model" / "rollyard.json").read_text())["from"] == "smollm2-135m"
-    assert last["policy_version"] == 1
-    assert not list((run.root / "weights").glob("v*"))  # published in memory (the default): no file
-    trajs = read_parquet(run.trajectory_file(1))
-    assert len(trajs) == 2 and all(t.num_turns >= 1 and t.outcome is not None for t in trajs)
-    row = run.read_metrics()[-1]
-    assert row["step"] == 1 and row["train_trained_tokens"] > 0
-    assert 0 < row["train_trainable_params"] < 20_000_000  # 4 of 30 layers (~3.5M each) + the norm
 
 
 async def test_held_out_evaluation_reports_what_the_agent_did_first(
