@@ -345,11 +345,6 @@ class Config(_Section):
                 load_profile(self.agent.profile)
             except ConfigError as e:
                 raise ValueError(f"agent.profile: {e.message}") from None
-            if self.ray.address:
-                raise ValueError(
-                    "agent.kind: blackbox runs on this machine only (the gateway's socket is local); "
-                    "unset ray.address"
-                )
             if self.agent.context is not None or self.agent.tool_choice != "auto":
                 raise ValueError("agent.context and agent.tool_choice configure the whitebox agent only")
         return self

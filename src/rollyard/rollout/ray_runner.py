@@ -11,6 +11,7 @@ workers are handed ``gateway.advertise``, by default this node's first non-loopb
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import shutil
@@ -19,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from rollyard.agents.blackbox import BlackBoxRunner
+from rollyard.agents.blackbox.relay import NodeRelay
 from rollyard.agents.loop import AgentConfig
-from rollyard.core.errors import ConfigError
 from rollyard.core.net import is_loopback
 from rollyard.core.program import Program
 from rollyard.rollout.config import Config
@@ -31,9 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    """The actor body: sandboxes are made here, on the worker's node."""
+    """The actor body: sandboxes are made here, on the worker's node; a black-box agent's sandbox
+    reaches the gateway through this node's relay (``NodeRelay``)."""
 
     def __init__(self, provider: str) -> None:
+        self.relay = NodeRelay()
         if provider == "bwrap":
             from rollyard.sandbox.bwrap import BwrapProvider
 
@@ -44,12 +47,24 @@ class RolloutWorker:
             self.provider = LocalProvider(unsafe=True)
 
     async def run(
-        self, task_root: str, api_key: str, base_url: str, agent: dict[str, Any], timeout_s: float
+        self,
+        task_root: str,
+        api_key: str,
+        base_url: str,
+        agent: dict[str, Any] | BlackBoxRunner,
+        timeout_s: float,
     ) -> dict[str, Any]:
         from rollyard.tasks import load_task, prepare
+        from rollyard.tasks.sandboxing import sandbox_spec
 
         task = load_task(task_root)
-        sb = await prepare(task, self.provider)
+        if isinstance(agent, BlackBoxRunner):  # its sandbox's door: this node's relay to the gateway
+            runner: AgentConfig | BlackBoxRunner = agent.through(await self.relay.socket_for(base_url))
+            spec = runner.spec(sandbox_spec(task, self.provider))
+            sb = await prepare(task, self.provider, spec=spec)
+        else:
+            runner = AgentConfig.model_validate(agent)
+            sb = await prepare(task, self.provider)
         try:
             res = await act_and_evaluate(
                 task,
@@ -57,12 +72,16 @@ class RolloutWorker:
                 self.provider,
                 base_url=base_url,
                 api_key=api_key,
-                agent=AgentConfig.model_validate(agent),
+                agent=runner,
                 timeout_s=timeout_s,
             )
         finally:
             await sb.close()
         return res.model_dump(mode="json")
+
+    async def aclose(self) -> None:
+        """Close this node's relays (their sockets and directory)."""
+        await self.relay.aclose()
 
     def node(self) -> str:
         import ray
@@ -112,12 +131,9 @@ class RayRunner:
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
-        if not isinstance(agent, AgentConfig):  # the config refuses this; a caller bypassing it too
-            raise ConfigError("Ray workers run white-box agents only (the gateway's socket is local)")
         worker = next(self._next)
-        out = await worker.run.remote(
-            str(task.root), program.api_key, base_url, agent.model_dump(mode="json"), self.timeout_s
-        )
+        sent = agent if isinstance(agent, BlackBoxRunner) else agent.model_dump(mode="json")
+        out = await worker.run.remote(str(task.root), program.api_key, base_url, sent, self.timeout_s)
         return EpisodeResult.model_validate(out)
 
     def nodes(self) -> list[str]:
@@ -128,6 +144,8 @@ class RayRunner:
     def close(self) -> None:
         import ray
 
+        with contextlib.suppress(Exception):  # a dead worker has nothing left to close
+            ray.get([w.aclose.remote() for w in self.workers], timeout=10)
         for w in self.workers:
             ray.kill(w)
         if self._owns:

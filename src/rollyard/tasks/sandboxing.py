@@ -61,9 +61,12 @@ async def remove_artefacts(sb: Sandbox, globs: list[str], timeout: float = 30.0)
         log.warning("artefact removal failed sandbox=%s rc=%s stderr=%s", sb.id, res.rc, res.stderr[-200:])
 
 
-async def prepare(task: Task, provider: SandboxProvider, *, variant: str | None = None) -> Sandbox:
-    """The agent's sandbox: workspace copied in, setup run, its artefacts removed; no tests."""
-    sb = await provider.create(sandbox_spec(task, provider, variant=variant))
+async def prepare(
+    task: Task, provider: SandboxProvider, *, variant: str | None = None, spec: SandboxSpec | None = None
+) -> Sandbox:
+    """The agent's sandbox: workspace copied in, setup run, its artefacts removed; no tests.
+    ``spec``: the task's sandbox with what the agent adds (a black-box agent's binds)."""
+    sb = await provider.create(spec or sandbox_spec(task, provider, variant=variant))
     try:
         await set_up(task, sb)
     except BaseException:
