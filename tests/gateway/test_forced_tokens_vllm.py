@@ -23,7 +23,11 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "read_file",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
         },
     },
     {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}},
