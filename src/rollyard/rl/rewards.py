@@ -45,7 +45,8 @@ class JudgeSettings(BaseModel):
     on_unreadable: Literal["fail", "zero"] = "fail"
     # The judge answers by a forced ``score`` tool call whose one argument is an integer of the
     # scale (the gateway's tool grammar): any model, even a random one, gives a readable score.
-    # The reply then holds no reasoning; ``max_tokens`` must cover the call (~30 tokens).
+    # The reply then holds no reasoning; ``max_tokens`` must cover the call: up to one token per
+    # character of it (~65 with the wrapper), as the grammar admits any tokenization.
     forced_score: bool = False
 
     @model_validator(mode="after")
