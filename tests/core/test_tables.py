@@ -39,6 +39,7 @@ def trajectories(draw: st.DrawFn) -> Trajectory:
                 policy_version=draw(st.integers(0, 5)),
                 sampling={"temperature": 1.0},
                 flags=["malformed_tool_call"] if draw(st.booleans()) else [],
+                forced=[(0, len(comp))] if comp and draw(st.booleans()) else [],
             )
         )
         prompt = prompt + comp + draw(st.lists(token, max_size=4))

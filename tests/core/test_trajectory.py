@@ -157,3 +157,18 @@ def test_extending_turns_always_stay_in_one_segment(
         ids, mask, _ = t.segments[0].flatten()
         assert sum(mask) == sum(len(c) for c, _ in steps)
         assert ids[: len(prompt)] == prompt
+
+
+@pytest.mark.parametrize("runs", [[(0, 3)], [(1, 1)], [(1, 2), (0, 1)], [(0, 2), (1, 2)], [(-1, 1)]])
+def test_turn_rejects_forced_runs_out_of_order_or_range(runs: list[tuple[int, int]]) -> None:
+    with pytest.raises(ValidationError, match="forced runs"):
+        Turn(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-0.1, 0.0], forced=runs)
+
+
+def test_a_segment_flags_its_forced_tokens_and_the_sample_carries_them() -> None:
+    t0 = Turn(prompt_ids=[1], completion_ids=[2, 3], completion_logprobs=[-0.1, 0.0], forced=[(0, 2)])
+    t1 = Turn(index=1, prompt_ids=[1, 2, 3, 4], completion_ids=[5, 6], completion_logprobs=[-0.2, -0.3])
+    seg = Segment(turns=[t0, t1])
+    assert seg.forced_mask() == [0, 1, 1, 0, 0, 0]
+    assert Sample.from_segment(seg).forced == [0, 1, 1, 0, 0, 0]
+    assert Segment(turns=[t1]).forced_mask() is None

@@ -98,7 +98,9 @@ def _state(turn: Turn, segment: int, messages: list[Message]) -> ConversationSta
 # Two segments: turn 1 extends turn 0 (after an eos that closes it), turn 2 starts afresh. Ids past
 # 16 bits and logprobs float32 cannot hold: each must come back exactly.
 T0 = _turn(0, [1, 2, 3], [70_000, 5], [-0.1, -1 / 3])
-T1 = _turn(1, [1, 2, 3, 70_000, 5, 0, 6, 7], [100_000, 9], [-0.25, -0.5])
+T1 = _turn(1, [1, 2, 3, 70_000, 5, 0, 6, 7], [100_000, 9], [-0.25, -0.5]).model_copy(
+    update={"forced": [(0, 2)]}  # sampled under a tool-call grammar: the flag comes back too
+)
 T2 = _turn(2, [9, 9], [4], [-0.75])
 SEGMENTS = [0, 0, 1]
 MESSAGES = [

@@ -161,3 +161,11 @@ def test_with_rewards_fills_outcome_reward_and_terms(make_traj: Any) -> None:
     assert out.outcome is not None and out.outcome.reward == 0.5
     assert out.outcome.reward_terms == {"outcome": 0.5, "process": 0.0, "speed": 0.0}
     assert trajs[0].outcome is not None and trajs[0].outcome.reward is None
+
+
+def test_forced_score_judge_calls_a_tool_whose_argument_is_an_integer_of_the_scale() -> None:
+    tool = JudgeSettings(scale=(1, 5), forced_score=True).score_tool()["function"]
+    assert tool["name"] == "score"
+    assert tool["parameters"]["properties"]["score"] == {"type": "integer", "enum": [1, 2, 3, 4, 5]}
+    with pytest.raises(ValueError, match="forced_score"):
+        JudgeSettings(scale=(0.2, 0.8), forced_score=True)  # no integer on the scale

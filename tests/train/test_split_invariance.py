@@ -42,19 +42,25 @@ def _draw_samples(rng: random.Random) -> list[Sample]:
     for _ in range(rng.randint(2, 7)):
         ids = list(rng.choice(prompts))
         mask, chunks, adv = [0] * len(ids), [-1] * len(ids), [0.0] * len(ids)
+        forced = [0] * len(ids)
         a = rng.gauss(0, 1)
         for k in range(rng.randint(1, 3)):
             n = rng.randint(1, 5)
             ids += [rng.randrange(VOCAB) for _ in range(n)]
             mask += [1] * n
+            forced += [int(rng.random() < 0.3)] * n  # a chunk sampled under a tool-call grammar
             chunks += [k] * n
             adv += [a + rng.gauss(0, 0.3) for _ in range(n)]
             if rng.random() < 0.5:  # an observation between chunks: not trained
                 obs = rng.randint(1, 3)
                 ids += [rng.randrange(VOCAB) for _ in range(obs)]
                 mask, chunks, adv = mask + [0] * obs, chunks + [-1] * obs, adv + [0.0] * obs
+                forced += [0] * obs
+        zeros = [0.0] * len(ids)
         samples.append(
-            Sample(token_ids=ids, loss_mask=mask, logprobs=[0.0] * len(ids), advantages=adv, chunk_ids=chunks)
+            Sample(
+                token_ids=ids, loss_mask=mask, logprobs=zeros, advantages=adv, chunk_ids=chunks, forced=forced
+            )
         )
     return samples
 
@@ -148,3 +154,32 @@ def test_loss_and_gradients_do_not_depend_on_the_split(
     ranks = [[i for i in range(len(samples)) if i % 2 == r] for r in range(2)]
     rng.shuffle(ranks[0])
     _assert_same(_run(samples, loss, correction, decoupled, ranks, merge=True, token_budget=budget), whole)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31), objectives())
+def test_recorded_logprobs_of_forced_tokens_do_not_matter(
+    seed: int, objective: tuple[LossConfig, CorrectionConfig, bool]
+) -> None:
+    """A grammar-forced token's recorded logprob is the constrained distribution's: moving it
+    anywhere changes neither the loss nor a gradient (no ratio, correction or mask reads it)."""
+    rng = random.Random(seed)
+    samples = _record(_draw_samples(rng), rng)
+    if not any(f for s in samples for f in s.forced or []):
+        return
+    moved = [
+        s.model_copy(
+            update={
+                "logprobs": [
+                    lp - rng.uniform(1, 9) if f else lp
+                    for lp, f in zip(s.logprobs, s.forced or [], strict=True)
+                ]
+            }
+        )
+        for s in samples
+    ]
+    loss, correction, decoupled = objective
+    every = [list(range(len(samples)))]
+    a = _run(samples, loss, correction, decoupled, every, merge=True, token_budget=10**6)
+    b = _run(moved, loss, correction, decoupled, every, merge=True, token_budget=10**6)
+    _assert_same(b, a)

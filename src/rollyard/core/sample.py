@@ -27,6 +27,9 @@ class Sample(BaseModel):
     trajectory_id: str = ""
     reward: float = 0.0
     chunk_ids: list[int] | None = None  # per token: index of its chunk (IPA), -1 outside
+    # per token: 1 where a grammar forced it; its logprob is the constrained distribution's, so
+    # the loss takes no ratio against it (trained against the proximal policy, docs/training.md)
+    forced: list[int] | None = None
     meta: dict[str, float | int | str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -39,6 +42,8 @@ class Sample(BaseModel):
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries for {n} tokens")
         if self.chunk_ids is not None and len(self.chunk_ids) != n:
             raise ValueError(f"chunk_ids has {len(self.chunk_ids)} entries for {n} tokens")
+        if self.forced is not None and (len(self.forced) != n or any(f not in (0, 1) for f in self.forced)):
+            raise ValueError(f"forced must be 0/1 with {n} entries")
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError("loss mask must be 0/1")
         if self.loss_mask[0] == 1:
@@ -64,5 +69,6 @@ class Sample(BaseModel):
             logprobs=lps,
             advantages=adv,
             policy_version=min(versions) if versions else 0,
+            forced=segment.forced_mask(),
             **fields,  # type: ignore[arg-type]
         )

@@ -35,6 +35,7 @@ _TURN = pa.struct(
         ("sampling", pa.string()),
         ("requested_sampling", pa.string()),
         ("flags", pa.list_(pa.string())),
+        ("forced", pa.list_(pa.list_(pa.int32()))),
     ]
 )
 
@@ -97,6 +98,7 @@ def from_table(table: pa.Table) -> list[Trajectory]:
                 turn = dict(turn)
                 for key in ("timings", "sampling", "requested_sampling"):
                     turn[key] = json.loads(turn[key]) if turn[key] else {}
+                turn["forced"] = turn.get("forced") or []  # files written before forced runs
                 parsed.append(turn)
             segments.append({"turns": parsed})
         try:

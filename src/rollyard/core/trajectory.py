@@ -71,10 +71,19 @@ class Turn(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)  # what was applied
     requested_sampling: dict[str, Any] = Field(default_factory=dict)  # what the agent asked
     flags: list[str] = Field(default_factory=list)  # e.g. "malformed_tool_call"
+    # [start, stop) runs of completion positions sampled under a grammar (a forced tool call):
+    # their logprobs are the grammar-constrained distribution's, not the policy's, so the trainer
+    # leaves them out of importance ratios, corrections and mismatch masks (docs/training.md)
+    forced: list[tuple[int, int]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> Turn:
         n = len(self.completion_ids)
+        end = 0
+        for a, b in self.forced:
+            if not end <= a < b <= n:
+                raise ValueError(f"turn {self.index}: forced runs must be ordered, disjoint, within {n}")
+            end = b
         if len(self.completion_logprobs) != n:
             raise ValueError(
                 f"turn {self.index}: {n} completion ids but {len(self.completion_logprobs)} logprobs"
@@ -113,6 +122,7 @@ class Turn(BaseModel):
         sampling: dict[str, Any],
         requested_sampling: dict[str, Any],
         flags: list[str],
+        forced: list[tuple[int, int]] | None = None,
     ) -> Turn:
         """The turn of parts whose types are right already: the gateway's prompt ids (its
         tokenizer's, or a validated request body's) and the engine's validated ``Completion``.
@@ -134,15 +144,17 @@ class Turn(BaseModel):
             "sampling": sampling,
             "requested_sampling": requested_sampling,
             "flags": flags,
+            "forced": forced or [],
         }
+        # loss_mask (and forced, when none) keep their defaults, as in Turn(...)
+        defaults = {"loss_mask"} if forced else {"loss_mask", "forced"}
         if index >= 0 and policy_version >= 0:
-            given = {k for k in fields if k != "loss_mask"}  # loss_mask keeps its default, as in Turn(...)
-            turn = assemble(cls, fields, fields_set=given)
+            turn = assemble(cls, fields, fields_set=fields.keys() - defaults)
             try:
                 return turn._check()
             except (TypeError, ValueError):
                 pass
-        return cls(**fields)
+        return cls(**{k: v for k, v in fields.items() if k not in defaults or k == "loss_mask"})
 
     @property
     def mask(self) -> list[int]:
@@ -172,6 +184,19 @@ class Segment(BaseModel):
     def accepts(self, prompt_ids: list[int]) -> bool:
         """Whether a new turn with this prompt may be appended to the segment."""
         return not self.turns or extends(self.turns[-1], prompt_ids)
+
+    def forced_mask(self) -> list[int] | None:
+        """Per token of ``flatten``'s sequence, 1 where a grammar forced it (``Turn.forced``);
+        ``None`` when no turn was constrained."""
+        if not any(t.forced for t in self.turns):
+            return None
+        last = self.turns[-1]
+        out = [0] * (len(last.prompt_ids) + len(last.completion_ids))
+        for t in self.turns:
+            start = len(t.prompt_ids)
+            for a, b in t.forced:
+                out[start + a : start + b] = [1] * (b - a)
+        return out
 
     def flatten(self) -> tuple[list[int], list[int], list[float]]:
         """The segment as one sequence: ids, loss mask and behaviour logprobs per token.

@@ -46,7 +46,10 @@ class ChatClient:
         temperature: float = 0.0,
         max_tokens: int = 512,
         seed: int | None = None,
+        forced_tool: dict[str, Any] | None = None,
     ) -> str:
+        """The reply's text; with ``forced_tool`` (an OpenAI function tool), the arguments of the
+        call the endpoint must make to it (``tool_choice: required``)."""
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -55,6 +58,8 @@ class ChatClient:
         }
         if seed is not None:
             body["seed"] = seed
+        if forced_tool is not None:
+            body.update(tools=[forced_tool], tool_choice="required")
         try:
             r = await self._client.post(self.url, json=body, headers=self._headers)
         except httpx.HTTPError as e:
@@ -64,7 +69,10 @@ class ChatClient:
         if r.status_code >= 400:
             raise EngineError(f"chat endpoint answered {r.status_code}: {r.text[:200]}")
         try:
-            content = r.json()["choices"][0]["message"]["content"]
+            message = r.json()["choices"][0]["message"]
+            content = message["content"]
+            if forced_tool is not None and message.get("tool_calls"):
+                content = message["tool_calls"][0]["function"]["arguments"]
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise EngineError(f"reply is not a chat completion: {e}") from e
         return content if isinstance(content, str) else ""

@@ -65,6 +65,8 @@ def build_turn(
         sampling=params.model_dump(mode="json"),
         requested_sampling=request.requested_sampling(),
         flags=flags,
+        # the grammar spans the whole completion (tool_grammar: wrapper and arguments)
+        forced=[(0, len(completion.token_ids))] if params.constrained and completion.token_ids else None,
     )
     events: list[Event] = []
     rewrote = prev is not None and not plan.extends

@@ -54,16 +54,21 @@ def off_policy_correction(
     clip: float = 2.0,
     low: float = 0.5,
     high: float = 5.0,
+    forced: torch.Tensor | None = None,
 ) -> Correction:
     """Weights and keep mask for flat ``[T]`` tensors (``seq``: dense sequence ids, ``mask``: the
     trained tokens). ``clip`` is C for the TIS/MIS kinds; ``low``/``high`` bound rho_t (icepop)
-    or the sequence's geometric-mean ratio (geo_mask)."""
+    or the sequence's geometric-mean ratio (geo_mask). ``forced`` tokens (sampled under a
+    grammar: mu is not the policy's) count as rho_t = 1: they add nothing to a sequence's ratio
+    or its geometric-mean count, are never rejected by ``icepop`` and are left out of the
+    metrics; a sequence-level weight or rejection still applies to them."""
     kind = CorrectionKind(kind)
     if not clip > 0 or not 0 <= low < high:
         raise DataError(f"correction needs clip > 0 and 0 <= low < high, got {clip}, {low}, {high}")
     if kind in WEIGHT_KINDS and not decoupled:
         raise DataError(f"correction {kind.value} weights by pi_prox/mu; it needs decoupled: true")
-    m = mask.bool()
+    trained = mask.bool()
+    m = trained & ~forced.bool() if forced is not None else trained  # where rho_t is measured
     lr = (log_rho.detach() * m).clamp(max=MAX_LOG_RATIO)
     rho = torch.exp(lr)
     seq_lr = group_sum(lr, seq, num_seqs)  # log prod_t rho_t over the sequence's trained tokens
@@ -85,15 +90,17 @@ def off_policy_correction(
     elif kind == CorrectionKind.GEO_MASK:
         keep = (geo >= low) & (geo <= high)
     elif kind == CorrectionKind.ICEPOP:
-        keep = (rho >= low) & (rho <= high)
+        keep = ((rho >= low) & (rho <= high)) | (trained & ~m)
     n = m.sum().clamp(min=1)
     metrics = {
         "is_masked_frac": float((m & ~keep).sum() / n),
         "is_truncated_frac": float((m & keep & truncated).sum() / n),
     }
-    trained = rho[m].double()
-    qs = torch.tensor(QUANTILES, dtype=torch.float64, device=trained.device)
-    values = torch.quantile(trained, qs) if trained.numel() else torch.zeros(3)
+    measured = rho[m].double()
+    qs = torch.tensor(QUANTILES, dtype=torch.float64, device=measured.device)
+    values = torch.quantile(measured, qs) if measured.numel() else torch.zeros(3)
     metrics.update({f"is_ratio_p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, values, strict=True)})
-    weight = torch.where(m, weight, torch.ones_like(weight)).detach()
+    if kind not in (CorrectionKind.SEQ_TIS, CorrectionKind.SEQ_MIS):
+        weight = torch.where(m, weight, torch.ones_like(weight))  # a forced token's own weight is 1
+    weight = torch.where(trained, weight, torch.ones_like(weight)).detach()
     return Correction(weight=weight, keep=keep, metrics=metrics)

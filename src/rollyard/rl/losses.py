@@ -175,6 +175,7 @@ def ipa_chunk_loss(
     kl_coef: float = 0.0,
     token_weights: torch.Tensor | None = None,
     norm_mask: torch.Tensor | None = None,
+    forced: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """Chunk-level IPA: a geometric-mean ratio per (sequence, chunk).
 
@@ -182,6 +183,8 @@ def ipa_chunk_loss(
     measured (``old``: the trainer's logprobs of the behaviour tokens) and reported
     (``mismatch_mean``, ``mismatch_p90``, ``mismatch_max`` over chunks); with ``mismatch_bound``
     too, a chunk whose mismatch exceeds it is masked out entirely (``chunk_mask_frac``).
+    ``forced`` tokens (sampled under a grammar, their recorded logprob not the policy's) are
+    left out of the mismatch: a chunk of forced tokens only is never masked by it.
     """
     _check_clip(clip_low, clip_high)
     if mismatch_bound is not None and (infer_logprobs is None or not mismatch_bound >= 0):
@@ -197,6 +200,7 @@ def ipa_chunk_loss(
         infer=infer_logprobs,
         ref=ref_logprobs,
         weights=token_weights,
+        forced=forced,
     )
     chunks = extra["chunks"]
     if chunks.is_floating_point():
@@ -209,8 +213,9 @@ def ipa_chunk_loss(
     live_chunks = int((group_sum(flat.mask, group, n) > 0).sum())
     mismatch: Metrics = {}
     if "infer" in extra:
-        gap = group_sum((flat.old - extra["infer"]) * flat.mask, group, n)
-        counts = group_sum(flat.mask, group, n)
+        measured = flat.mask * (1.0 - extra["forced"].to(flat.mask.dtype)) if "forced" in extra else flat.mask
+        gap = group_sum((flat.old - extra["infer"]) * measured, group, n)
+        counts = group_sum(measured, group, n)
         live = counts > 0
         per_chunk = (gap.abs() / counts.clamp(min=1.0))[live].detach()
         if per_chunk.numel():

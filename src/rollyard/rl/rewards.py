@@ -43,6 +43,27 @@ class JudgeSettings(BaseModel):
     # A reply without a readable score: ``fail`` the group (default), or ``zero``: score 0 and
     # count it in the step's ``judge_unreadable`` metric (for judges too weak to follow the format).
     on_unreadable: Literal["fail", "zero"] = "fail"
+    # The judge answers by a forced ``score`` tool call whose one argument is an integer of the
+    # scale (the gateway's tool grammar): any model, even a random one, gives a readable score.
+    # The reply then holds no reasoning; ``max_tokens`` must cover the call: up to one token per
+    # character of it (~65 with the wrapper), as the grammar admits any tokenization.
+    forced_score: bool = False
+
+    @model_validator(mode="after")
+    def _integer_scale(self) -> JudgeSettings:
+        if self.forced_score and not 1 <= len(self.score_values()) <= 101:
+            raise ValueError(f"forced_score needs 1 to 101 integers on the scale {self.scale}")
+        return self
+
+    def score_values(self) -> list[int]:
+        lo, hi = self.scale
+        return list(range(math.ceil(lo), math.floor(hi) + 1)) if hi >= lo else []
+
+    def score_tool(self) -> dict[str, Any]:
+        """The function a ``forced_score`` judge must call."""
+        score = {"type": "integer", "enum": self.score_values()}
+        params = {"type": "object", "properties": {"score": score}, "required": ["score"]}
+        return {"type": "function", "function": {"name": "score", "parameters": params}}
 
 
 class RewardConfig(BaseModel):

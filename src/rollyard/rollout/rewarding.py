@@ -47,7 +47,11 @@ class RunJudge:
         client = ChatClient(base_url or self.base_url, api_key=api_key, timeout_s=s.timeout_s)
         try:
             return await client.complete(
-                messages, model=s.model, temperature=s.temperature, max_tokens=s.max_tokens
+                messages,
+                model=s.model,
+                temperature=s.temperature,
+                max_tokens=s.max_tokens,
+                forced_tool=s.score_tool() if s.forced_score else None,
             )
         finally:
             await client.aclose()

@@ -17,8 +17,10 @@ COUNTS = ("tool_calls", "tool_errors", "context_rewrites", "test_access", "pertu
 
 
 def event_counts(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """How often each recorded event kind occurred in a group (``count_`` keys)."""
+    """How often each recorded event kind occurred in a group (``count_`` keys), and how many
+    completion tokens a tool-call grammar forced (``count_forced_tokens``: left out of training)."""
     counts = dict.fromkeys(COUNTS, 0)
+    counts["forced_tokens"] = sum(b - a for t in trajectories for turn in t.turns for a, b in turn.forced)
     for t in trajectories:
         for e in t.events:
             if e.kind == EventKind.TOOL_CALL:

@@ -142,6 +142,13 @@ def micro_batch_loss(
     correction = correction or CorrectionConfig()
     correction.check(decoupled)
     prox = lp.detach()
+    forced: torch.Tensor | None = None
+    if any(s.forced is not None for s in samples):
+        # A grammar-forced token's recorded logprob is the constrained distribution's: no ratio
+        # is taken against it; the proximal policy stands in as its behaviour (docs/training.md).
+        forced = torch.cat([torch.tensor(s.forced or [0] * len(s.token_ids)) for s in samples]).bool()
+        forced = forced.to(device)
+        old = torch.where(forced, prox, old)
     low, high = correction.bounds()
     fix = off_policy_correction(
         correction.kind,
@@ -153,6 +160,7 @@ def micro_batch_loss(
         clip=correction.clip,
         low=low,
         high=high,
+        forced=forced,
     )
     kwargs["token_weights"] = fix.weight
     kwargs["norm_mask"] = mask
@@ -165,9 +173,11 @@ def micro_batch_loss(
         # the step); inference side: what the engine recorded. Their per-chunk gap is measured,
         # and masked beyond ``options.mismatch_bound``.
         loss, metrics = losses.ipa_chunk_loss(
-            lp, prox, adv, trained, chunks.to(device), infer_logprobs=old, **kwargs
+            lp, prox, adv, trained, chunks.to(device), infer_logprobs=old, forced=forced, **kwargs
         )
     else:
         loss, metrics = _LOSSES[config.kind](lp, prox if decoupled else old, adv, trained, **kwargs)
     metrics.update(fix.metrics)
+    n = mask.sum().clamp(min=1.0)
+    metrics["forced_frac"] = float((mask.bool() & forced).sum() / n) if forced is not None else 0.0
     return loss * weight, metrics

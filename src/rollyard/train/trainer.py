@@ -40,7 +40,14 @@ from rollyard.train.step import StepResult, forward_backward
 IPA_METRICS = ("chunk_mask_frac", "mismatch_mean", "mismatch_p90", "mismatch_max")
 # Reported per step with every policy loss: quantiles of rho = pi_prox/mu over trained tokens
 # (token-weighted means of the micro-batches' quantiles) and the shares the correction acted on.
-CORRECTION_METRICS = ("is_ratio_p10", "is_ratio_p50", "is_ratio_p90", "is_masked_frac", "is_truncated_frac")
+CORRECTION_METRICS = (
+    "is_ratio_p10",
+    "is_ratio_p50",
+    "is_ratio_p90",
+    "is_masked_frac",
+    "is_truncated_frac",
+    "forced_frac",  # trained tokens a grammar forced: no ratio taken against their logprobs
+)
 
 logger = logging.getLogger(__name__)
 
