@@ -33,6 +33,7 @@ import aiohttp
 import pydantic_core
 
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.prompt_ids import ids_json
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
@@ -54,6 +55,13 @@ _CONNECT_TIMEOUT_S = 30.0
 
 def _dumps(obj: Any) -> str:
     return pydantic_core.to_json(obj).decode()
+
+
+def _body_json(body: dict[str, Any]) -> bytes:
+    """A completion body as JSON, its prompt ids written by ``ids_json``: of a conversation's
+    next turn only the ids added since its last one (the rest of the text is remembered)."""
+    rest = pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"})
+    return b'{"prompt":' + ids_json(body["prompt"]) + (b"," + rest[1:] if len(rest) > 2 else b"}")
 
 
 # Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``
@@ -240,7 +248,7 @@ class VLLMBackend(VersionFence):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
-        raw = pydantic_core.to_json(body)
+        raw = _body_json(body)
         version = await self._admit()
         try:
             _, answer = await self._request(
@@ -274,7 +282,7 @@ class VLLMBackend(VersionFence):
         body = await self.completion_body(prompt_ids, params, stream=True)
         version = await self._admit()
         try:
-            raw = pydantic_core.to_json(body)
+            raw = _body_json(body)
             async with await self._send("POST", "/v1/completions", data=raw, headers=_JSON_HEADERS) as resp:
                 if resp.status >= 300:
                     text = (await resp.read()).decode(errors="replace")
