@@ -58,6 +58,8 @@ def ids_json(ids: list[int]) -> bytes:
     if known == 0 or known > len(ids):
         text = pydantic_core.to_json(ids)
     else:
-        text = ids._json[:-1] + b"," + pydantic_core.to_json(ids[known:])[1:]
+        text = b"".join(
+            (memoryview(ids._json)[:-1], b",", memoryview(pydantic_core.to_json(ids[known:]))[1:])
+        )
     ids._json, ids.json_len = text, len(ids)
     return text

@@ -60,8 +60,8 @@ def _dumps(obj: Any) -> str:
 def _body_json(body: dict[str, Any]) -> bytes:
     """A completion body as JSON, its prompt ids written by ``ids_json``: of a conversation's
     next turn only the ids added since its last one (the rest of the text is remembered)."""
-    rest = pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"})
-    return b'{"prompt":' + ids_json(body["prompt"]) + (b"," + rest[1:] if len(rest) > 2 else b"}")
+    rest = memoryview(pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"}))
+    return b"".join((b'{"prompt":', ids_json(body["prompt"]), b"," if len(rest) > 2 else b"", rest[1:]))
 
 
 # Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``
