@@ -49,6 +49,12 @@ the gateway's and the relay's own, and their CPU per request is measured without
 competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs;
 ``stream_cpu_vs_floor_64``: the same for the streamed requests, the relay passing the engine's
 stream on piece by piece).
+
+With the canned engine the run also has prompt-length levels (``_gateway_history``): 64
+multi-turn conversations grown to ~0.9k, ~14k and ~30k prompt tokens, the gateway's CPU per turn
+at each (``cpu_ms_per_req_900``, ``_14k``, ``_30k``, and ``cpu_30k_vs_14k``), beside the relay's
+for engine bodies of the same length (``floor_cpu_ms_per_req_*``). A gateway whose work per
+turn does not grow with the history has ``cpu_30k_vs_14k`` near 1.
 """
 
 from __future__ import annotations
