@@ -3,6 +3,7 @@ per-token rule gives for any answer (nulls, infinities, NaN, huge values)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollyard.core import EngineError
-from rollyard.engines.vllm_choice import token_logprobs
+from rollyard.engines.vllm_choice import loads, token_logprobs
 
 values = st.one_of(
     st.none(), st.floats(), st.integers(-(10**6), 0), st.sampled_from([-math.inf, math.nan, 1e308])
@@ -36,3 +37,29 @@ def test_logprobs_read_in_one_pass_equal_the_per_token_rule(raw: list[object]) -
 def test_a_count_that_differs_from_the_ids_is_the_engines_error() -> None:
     with pytest.raises(EngineError, match="3 token ids but 2 logprobs"):
         token_logprobs({"logprobs": {"token_logprobs": [-1.0, -2.0]}}, 3)
+
+
+TRICKY = st.sampled_from(['"prompt_token_ids":[1]', "]", '\\"prompt_token_ids\\": [', "[", "x"])
+
+
+@given(
+    prompt=st.lists(st.integers(0, 50_000), max_size=50),
+    ids=st.lists(st.integers(0, 50_000), max_size=5),
+    text=st.lists(st.one_of(TRICKY, st.text(max_size=5)), max_size=6).map("".join),
+    spaced=st.booleans(),
+)
+def test_the_prompt_echo_is_dropped_and_nothing_else_changes(
+    prompt: list[int], ids: list[int], text: str, spaced: bool
+) -> None:
+    choice = {
+        "index": 0,
+        "text": text,
+        "token_ids": ids,
+        "prompt_token_ids": prompt,
+        "finish_reason": "length",
+    }
+    answer = {"choices": [choice], "usage": {"prompt_tokens": len(prompt)}}
+    raw = json.dumps(answer, separators=(", ", ": ") if spaced else (",", ":")).encode()
+    read = loads(raw)
+    assert read == {**answer, "choices": [{**choice, "prompt_token_ids": None}]}
+    assert loads(json.dumps({"choices": [{"text": text}]}).encode()) == {"choices": [{"text": text}]}

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollyard.core.prompt_ids import PromptIds
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.renderer import ConversationState, Renderer, tools_key
 from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
@@ -114,3 +117,57 @@ def test_a_message_keeps_its_canonical_form_without_changing_what_it_equals() ->
     assert first == call().canonical() == ("assistant", "hi", (("bash", '{"a":[2],"b":1}'),))
     assert m == call() and repr(m) == repr(call())
     assert tools_key([]) == "[]"
+
+
+@given(history=st.lists(MESSAGE, min_size=1, max_size=4), edit=st.integers(0, 3), new=MESSAGE)
+def test_a_history_compared_without_canonical_forms_is_judged_as_with_them(
+    tok, history: list[Message], edit: int, new: Message
+) -> None:
+    """The shortcut for messages sent back unchanged gives the verdict the canonical forms give."""
+    r = Renderer(tok)
+    returned = Message("assistant", "a")
+    state = ConversationState(history, tools_key([]), returned, r.render_fresh(ChatRequest(history)), [9])
+    sent = list(history)
+    sent[edit % len(sent)] = new
+    by_canonical = next(
+        (
+            f"history_edited_at_{i}"
+            for i, (a, b) in enumerate(zip(sent, history, strict=True))
+            if a.canonical() != b.canonical()
+        ),
+        None,
+    )
+    plan = r.render(ChatRequest([*sent, returned, Message("user", "go")]), state)
+    assert plan.rewrite_reason == by_canonical
+    assert plan.extends == (by_canonical is None)
+
+
+async def test_an_extension_renders_only_its_new_messages_on_the_loop(tok) -> None:
+    """A long history is not rendered again, so it does not send the turn to a worker thread
+    (or tokenize it): only the new messages' size counts; a rewrite is rendered whole, off it."""
+    seen: list[tuple[str, bool]] = []
+
+    class Watched:
+        eos_id = tok.eos_id
+
+        def encode(self, text: str) -> list[int]:
+            seen.append((text, threading.current_thread() is threading.main_thread()))
+            return tok.encode(text)
+
+        def decode(self, ids: list[int]) -> str:
+            return tok.decode(ids)
+
+    r = Renderer(Watched(), offload_chars=1000)
+    history = [Message("user", "x " * 2000)]
+    returned = Message("assistant", "ok")
+    state = ConversationState(history, "[]", returned, r.render_fresh(ChatRequest(history)), [9, tok.eos_id])
+    seen.clear()
+    plan = await r.arender(ChatRequest([*history, returned, Message("user", "next")]), state)
+    assert plan.extends and [on_loop for _, on_loop in seen] == [True]
+    assert "next" in seen[0][0] and "x x" not in seen[0][0]
+    assert isinstance(plan.prompt_ids, PromptIds) and plan.prompt_ids.checked == len(state.prompt_ids) + 2
+    seen.clear()
+    rewrite = await r.arender(
+        ChatRequest([Message("user", "y " * 2000), returned, Message("user", "n")]), state
+    )
+    assert not rewrite.extends and seen and not any(on_loop for _, on_loop in seen)

@@ -46,10 +46,18 @@ class Workload:
         }
 
     async def direct(self, n: int, stream: bool = False) -> dict[str, Any]:
+        return await self._engine_body(self.chat(n), stream)
+
+    async def direct_history(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The engine body of a chat with these messages, its ids rendered fresh."""
+        chat = {**self.chat(0), "messages": messages}
+        return await self._engine_body(chat, False)
+
+    async def _engine_body(self, chat: dict[str, Any], stream: bool) -> dict[str, Any]:
         from rollyard.gateway.routes_openai_chat import ChatCompletionBody, to_request
         from rollyard.gateway.sampling import context_limit, sampling_for
 
-        request = to_request(ChatCompletionBody(**self.chat(n)))
+        request = to_request(ChatCompletionBody(**chat))
         ids = self.renderer.render_fresh(request)
         await self.backend.model_name()
         limit = context_limit(self.program, self.backend.max_model_len)

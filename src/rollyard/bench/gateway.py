@@ -49,6 +49,12 @@ the gateway's and the relay's own, and their CPU per request is measured without
 competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs;
 ``stream_cpu_vs_floor_64``: the same for the streamed requests, the relay passing the engine's
 stream on piece by piece).
+
+With the canned engine the run also has prompt-length levels (``_gateway_history``): 64
+multi-turn conversations grown to ~0.9k, ~14k and ~30k prompt tokens, the gateway's CPU per turn
+at each (``cpu_ms_per_req_900``, ``_14k``, ``_30k``, and ``cpu_30k_vs_14k``), beside the relay's
+for engine bodies of the same length (``floor_cpu_ms_per_req_*``). A gateway whose work per
+turn does not grow with the history has ``cpu_30k_vs_14k`` near 1.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from typing import Any
 
 import aiohttp
 
+from rollyard.bench._gateway_history import CONTEXT, LEVELS, run_levels
 from rollyard.bench._gateway_load import MAX_TOKENS, Workload, _acc, _block, _post, _programs, _stats
 from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _engine, _floor, _gateway, _required_floor
 from rollyard.bench._report import report
@@ -248,7 +255,7 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     # just closed fails the request (seen between blocks at one concurrent program).
     connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0)
     timeout = aiohttp.ClientTimeout(total=1200)
-    engine = _canned() if canned() else _engine()
+    engine = _canned(max_model_len=CONTEXT) if canned() else _engine()
     details["engine"] = "canned" if canned() else "vllm"
     with engine as (engine_url, model_dir), _gateway(engine_url, model_dir) as (gw_url, gw_pid):
         work = Workload(engine_url, model_dir)
@@ -287,6 +294,11 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 details["cpu_c64"] = await _cpu_rounds(
                     session, work, paths, keys, 64, per_level[64] // 2, 3 if quick else 6
                 )
+                if canned():  # prompt-length levels: 64 conversations grown to 0.9k, 14k, 30k tokens
+                    rounds, turns = (2, 2) if quick else (4, 4)
+                    details["history"] = await run_levels(
+                        session, (gw_url, gw_pid), relay, work, rounds, turns
+                    )
             t0 = time.perf_counter()
             _, open_keys = await _programs(session, gw_url, n_open)
             create_s = time.perf_counter() - t0
@@ -319,6 +331,12 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         / details["floor_stream_c64"]["gateway_cpu_ms_per_req"],
         "load1": os.getloadavg()[0],
     }
+    for name in LEVELS if "history" in details else ():
+        level = details["history"][name]
+        summary[f"cpu_ms_per_req_{name}"] = level["median_cpu_ms_per_req"]
+        summary[f"floor_cpu_ms_per_req_{name}"] = level["median_floor_cpu_ms_per_req"]
+    if "history" in details:  # the goal: flat, <= 1.2
+        summary["cpu_30k_vs_14k"] = summary["cpu_ms_per_req_30k"] / summary["cpu_ms_per_req_14k"]
     details["pooled_64"] = {
         "thr_ratio": c64["gateway"]["tok_per_s"] / c64["direct"]["tok_per_s"],
         "p50_added_ms": c64["gateway"]["p50_ms"] - c64["direct"]["p50_ms"],

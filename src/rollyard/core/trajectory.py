@@ -19,6 +19,7 @@ from rollyard.core.assemble import assemble
 from rollyard.core.events import ContextRewriteEvent, Event
 from rollyard.core.events import EventKind as EventKind  # re-exported: the old home
 from rollyard.core.ids import new_id
+from rollyard.core.prompt_ids import PromptIds
 
 SCHEMA_VERSION = 1
 
@@ -97,7 +98,8 @@ class Turn(BaseModel):
             raise ValueError(f"turn {self.index}: empty prompt")
         # The checks run in C: a turn is built on the gateway's event loop for every call, and a
         # generator over a 4k-token agent prompt cost ~150 us of it.
-        if not (_non_negative(self.prompt_ids) and _non_negative(self.completion_ids)):
+        prompt = self.prompt_ids.unchecked() if isinstance(self.prompt_ids, PromptIds) else self.prompt_ids
+        if not (_non_negative(prompt) and _non_negative(self.completion_ids)):
             raise ValueError(f"turn {self.index}: negative token id")
         if n and not (
             max(self.completion_logprobs) <= _LOGPROB_MAX

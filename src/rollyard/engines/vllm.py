@@ -34,6 +34,7 @@ import pydantic_core
 
 from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.prompt_ids import ids_json
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
@@ -55,6 +56,13 @@ _CONNECT_TIMEOUT_S = 30.0
 
 def _dumps(obj: Any) -> str:
     return pydantic_core.to_json(obj).decode()
+
+
+def _body_json(body: dict[str, Any]) -> bytes:
+    """A completion body as JSON, its prompt ids written by ``ids_json``: of a conversation's
+    next turn only the ids added since its last one (the rest of the text is remembered)."""
+    rest = memoryview(pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"}))
+    return b"".join((b'{"prompt":', ids_json(body["prompt"]), b"," if len(rest) > 2 else b"", rest[1:]))
 
 
 # Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``
@@ -243,7 +251,7 @@ class VLLMBackend(VersionFence):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
-        raw = pydantic_core.to_json(body)
+        raw = _body_json(body)
         version = await self._admit()
         try:
             _, answer = await self._request(
@@ -277,7 +285,7 @@ class VLLMBackend(VersionFence):
         body = await self.completion_body(prompt_ids, params, stream=True)
         version = await self._admit()
         try:
-            raw = pydantic_core.to_json(body)
+            raw = _body_json(body)
             async with await self._send("POST", "/v1/completions", data=raw, headers=_JSON_HEADERS) as resp:
                 if resp.status >= 300:
                     text = (await resp.read()).decode(errors="replace")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollyard.core.errors import ContextLengthExceeded
+from rollyard.core.prompt_ids import PromptIds
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
@@ -123,12 +124,19 @@ OFFLOAD_CHARS = 32_768  # requests with more text are rendered in a worker threa
 RENDER_CHARS_PER_MESSAGE = 64  # a message's template work, in characters of text
 
 
-def request_chars(request: ChatRequest) -> int:
+def request_chars(request: ChatRequest, state: ConversationState | None = None) -> int:
     """A cheap estimate of a render's cost, in characters: the text it would tokenize (tools
     counted roughly) and a fixed share per message (templating, tool calls), so a body of many
-    empty messages is not taken for a cheap one."""
-    n = sum(len(m.content) + len(m.reasoning or "") + RENDER_CHARS_PER_MESSAGE for m in request.messages)
+    empty messages is not taken for a cheap one. With the ``state`` the request extends, only
+    the messages after it: the rest is not rendered again."""
+    if state is not None:
+        return sum(_chars(m) for m in request.messages[len(state.messages) + 1 :])
+    n = sum(_chars(m) for m in request.messages)
     return n + sum(len(t.description) + 256 for t in request.tools)
+
+
+def _chars(m: Message) -> int:
+    return len(m.content) + len(m.reasoning or "") + RENDER_CHARS_PER_MESSAGE
 
 
 class Renderer:
@@ -155,10 +163,11 @@ class Renderer:
         msgs = list(request.messages)
         if request.tools and (not msgs or msgs[0].role != "system"):
             msgs.insert(0, Message("system", ""))
-        ids: list[int] = []
+        ids = PromptIds()
         for i, m in enumerate(msgs):
             ids += self.message_ids(m, request.tools, first=(i == 0))
-        return ids + self.gen_prompt_ids
+        ids += self.gen_prompt_ids
+        return ids
 
     def check_fits(self, request: ChatRequest | str, limit: int) -> None:
         """Refuse, without tokenizing, text too long to fit ``limit`` tokens whatever its ids."""
@@ -178,9 +187,12 @@ class Renderer:
     async def arender(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
         """``render``, in a worker thread for large requests: a multi-megabyte prompt must not
         stall the event loop (``/health``, every other program) while it is tokenized."""
-        if request_chars(request) <= self.offload_chars:
-            return self.render(request, state)
-        return await asyncio.to_thread(self.render, request, state)
+        key = tools_key(request.tools)
+        reason = None if state is None else self._mismatch(request, key, state)
+        extended = state if state is not None and reason is None else None
+        if request_chars(request, extended) <= self.offload_chars:
+            return self._render(request, state, key, reason)
+        return await asyncio.to_thread(self._render, request, state, key, reason)
 
     async def aencode(self, text: str) -> list[int]:
         if len(text) <= self.offload_chars:
@@ -190,10 +202,18 @@ class Renderer:
     def render(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
         """Reuse the previous turn's ids when the request extends it; else render fresh."""
         key = tools_key(request.tools)
-        reason = None if state is None else self._mismatch(request, key, state)
+        return self._render(
+            request, state, key, None if state is None else self._mismatch(request, key, state)
+        )
+
+    def _render(
+        self, request: ChatRequest, state: ConversationState | None, key: str, reason: str | None
+    ) -> RenderPlan:
+        """``render``, the request's tools key and how it fails to extend ``state`` known."""
         if state is None or reason is not None:
             return RenderPlan(self.render_fresh(request), rewrite_reason=reason, tools_key=key)
-        ids = state.prompt_ids + state.completion_ids  # the one copy of the history's ids
+        # the one copy of the history's ids; what was done with them last turn is kept
+        ids = PromptIds.extending(state.prompt_ids, state.completion_ids)
         closed = not state.completion_ids or state.completion_ids[-1] != self.tok.eos_id
         if closed:
             ids.append(self.tok.eos_id)
@@ -217,7 +237,11 @@ class Renderer:
         if len(msgs) < n + 1:
             return "history_shortened"
         for i in range(n):
-            if msgs[i].canonical() != state.messages[i].canonical():
+            sent, kept = msgs[i], state.messages[i]
+            same = sent.content == kept.content and sent.role == kept.role
+            if same and not sent.tool_calls and not kept.tool_calls:
+                continue  # equal canonical forms, without making the request's (most of a history)
+            if sent.canonical() != kept.canonical():
                 return f"history_edited_at_{i}"
         if msgs[n].role != "assistant":  # e.g. mini-SWE-agent drops a reply it could not parse
             return "assistant_message_dropped"

@@ -33,20 +33,24 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 def parse_messages(raw: list[ChatMessage]) -> list[Message]:
     out = []
-    for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        content = text_of(m.get("content"), f"{where}.content")
+    for i, m in enumerate(raw):  # once per message of the whole history, every turn: kept lean
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = text_of(content, f"messages[{i}].content")
         calls: tuple[ToolCall, ...] = ()
         reasoning, call_id = None, None
-        if m["role"] == "assistant":
-            calls = tuple(
-                tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
-                for c in m.get("tool_calls") or ()
-            )
+        role = m["role"]
+        if role == "assistant":
+            tool_calls = m.get("tool_calls")
+            if tool_calls:
+                calls = tuple(
+                    tool_call(c["function"]["name"], c["function"].get("arguments"), c.get("id"))
+                    for c in tool_calls
+                )
             reasoning = m.get("reasoning_content") or m.get("reasoning")
-        elif m["role"] == "tool":
+        elif role == "tool":
             call_id = m.get("tool_call_id")
-        out.append(Message(_ROLES[m["role"]], content, calls, reasoning, call_id))  # type: ignore[arg-type]
+        out.append(Message(_ROLES[role], content, calls, reasoning, call_id))  # type: ignore[arg-type]
     return out
 
 

@@ -1,0 +1,189 @@
+"""The gateway bench's prompt-length levels: the CPU of one turn as a conversation grows.
+
+Each of ``PROGRAMS`` programs is an agent's conversation: a turn sends the whole history back
+(the assistant messages exactly as the gateway returned them) plus a new user message, as an
+OpenAI client does. The conversations are grown with ~1k-token user messages (tool output) until
+they hold about ``level`` prompt tokens; then the measured turns each add a short message, all
+programs at once, in rounds; ``cpu_ms_per_req`` is the median over rounds of the gateway's
+CPU per turn. The same ids posted to the bare relay give its floor at that length
+(``floor_cpu_ms_per_req``: what moving the bytes costs any Python hop). A gateway whose work
+per turn grows with the history shows it as a growing ``cpu_ms_per_req`` from level to level;
+the goal is a flat one.
+
+Only with the canned engine (its context is raised to fit the longest level): a real engine on
+these cores would spend seconds on each 30k-token prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from typing import Any
+
+import aiohttp
+
+from rollyard.bench._gateway_load import MAX_TOKENS, Workload, _programs
+from rollyard.bench._procs import ADMIN, _cpu_seconds
+from rollyard.gateway.tokenizer import Tokenizer
+
+PROGRAMS = 64
+LEVELS = {"900": 900, "14k": 14_000, "30k": 30_000}
+GROW_TOKENS = 1000  # a growing turn's user message: a tool's output
+CONTEXT = 40_960  # the canned engine's max_model_len while these levels run
+_WORDS = (
+    "def",
+    "return",
+    "self",
+    "value",
+    "result",
+    "items",
+    "index",
+    "count",
+    "else",
+    "for",
+    "while",
+    "import",
+    "class",
+    "yield",
+)
+
+
+class Filler:
+    """Deterministic code-like text, sized in the bench model's tokens (measured once)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        sample = self._text(random.Random(0), 20_000)
+        self.chars_per_token = len(sample) / len(tokenizer.encode(sample))
+
+    @staticmethod
+    def _text(rng: random.Random, chars: int) -> str:
+        lines, n = [], 0
+        while n < chars:
+            line = (
+                f"    {rng.choice(_WORDS)} v{rng.randrange(1000)} = {rng.choice(_WORDS)}({rng.randrange(99)})"
+            )
+            lines.append(line)
+            n += len(line) + 1
+        return "\n".join(lines)
+
+    def text(self, seed: int, tokens: int) -> str:
+        return self._text(random.Random(seed), int(tokens * self.chars_per_token))
+
+
+class Conversation:
+    """One program's history, as its client holds it."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+        self.prompt_tokens = 0
+
+    async def turn(self, session: aiohttp.ClientSession, url: str, user: str) -> None:
+        self.messages.append({"role": "user", "content": user})
+        body = {"model": "tiny", "messages": self.messages, "max_tokens": MAX_TOKENS, "temperature": 1.0}
+        headers = {"Authorization": f"Bearer {self.key}"}
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as r:
+            data = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"history turn failed ({r.status}): {str(data)[:300]}")
+        msg = data["choices"][0]["message"]
+        echoed: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
+        if msg.get("tool_calls"):
+            echoed["tool_calls"] = msg["tool_calls"]
+        self.messages.append(echoed)
+        self.prompt_tokens = int(data["usage"]["prompt_tokens"])
+
+
+async def _all(convs: list[Conversation], session: aiohttp.ClientSession, url: str, texts: list[str]) -> None:
+    """One turn of every conversation at once, each with its own new user message."""
+    await asyncio.gather(*(c.turn(session, url, t) for c, t in zip(convs, texts, strict=True)))
+
+
+async def run_levels(
+    session: aiohttp.ClientSession,
+    gw: tuple[str, int],
+    relay: tuple[str, int],
+    work: Workload,
+    rounds: int,
+    turns_per_round: int,
+) -> dict[str, Any]:
+    """Grow ``PROGRAMS`` conversations through ``LEVELS``; at each, the gateway's CPU per turn
+    (``rounds`` rounds of ``turns_per_round`` turns of every program) and the relay's for bodies
+    of the same length (each conversation rendered fresh by the bench)."""
+    url, pid = gw
+    filler = Filler(work.renderer.tok)
+    rewrites_before = await _rewrites(session, url)
+    _, keys = await _programs(session, url, PROGRAMS)
+    convs = [Conversation(k) for k in keys]
+    out: dict[str, Any] = {"programs": PROGRAMS, "grow_tokens": GROW_TOKENS}
+    grown = 0
+    for name, target in LEVELS.items():
+        # grown to ``target`` less half what the measured turns add: they are centred on it
+        start = target - rounds * turns_per_round * (MAX_TOKENS + 30) // 2
+        while (short := start - min(c.prompt_tokens for c in convs)) > 50:
+            grown += 1
+            texts = [filler.text(grown * 1000 + i, min(GROW_TOKENS, short)) for i in range(len(convs))]
+            await _all(convs, session, url, texts)
+        per_round: list[float] = []
+        turn = 0
+        for _ in range(rounds):
+            cpu0 = _cpu_seconds(pid)
+            for _ in range(turns_per_round):
+                turn += 1
+                await _all(
+                    convs, session, url, [f"step {turn}: run the tests again, {i}" for i in range(len(convs))]
+                )
+            per_round.append(1000 * (_cpu_seconds(pid) - cpu0) / (turns_per_round * PROGRAMS))
+        relay_rounds = await _relay_rounds(session, work, relay, convs, rounds, turns_per_round)
+        out[name] = {
+            "prompt_tokens": [min(c.prompt_tokens for c in convs), max(c.prompt_tokens for c in convs)],
+            "messages": len(convs[0].messages),
+            "cpu_ms_per_req": per_round,
+            "median_cpu_ms_per_req": statistics.median(per_round),
+            "floor_cpu_ms_per_req": relay_rounds,
+            "median_floor_cpu_ms_per_req": statistics.median(relay_rounds),
+        }
+    # Every turn here must have extended its conversation: a rewrite would render the whole
+    # history fresh and measure something else (the bench's other levels' chats are rewrites).
+    rewrites = await _rewrites(session, url) - rewrites_before
+    if rewrites:
+        raise RuntimeError(f"{rewrites:.0f} history turns were rewrites, not extensions")
+    return out
+
+
+async def _relay_rounds(
+    session: aiohttp.ClientSession,
+    work: Workload,
+    relay: tuple[str, int],
+    convs: list[Conversation],
+    rounds: int,
+    turns_per_round: int,
+) -> list[float]:
+    """The relay's CPU per request for engine bodies as long as the programs' prompts (each
+    conversation rendered fresh by the bench's renderer: the gateway's ids but for how it closes
+    unfinished completions), posted ``turns_per_round`` times a round."""
+    bodies = [await work.direct_history(c.messages) for c in convs]
+    out = []
+    for _ in range(rounds):
+        cpu0 = _cpu_seconds(relay[1])
+        for _ in range(turns_per_round):
+            await asyncio.gather(*(_post_relay(session, relay[0], b) for b in bodies))
+        out.append(1000 * (_cpu_seconds(relay[1]) - cpu0) / (turns_per_round * len(bodies)))
+    return out
+
+
+async def _post_relay(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with session.post(f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        await r.read()
+
+
+async def _rewrites(session: aiohttp.ClientSession, url: str) -> float:
+    """The gateway's count of history rewrites (turns that started a new segment)."""
+    async with session.get(f"{url}/metrics", headers={"x-api-key": ADMIN}) as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith("rollyard_gateway_context_rewrites_total"):
+            return float(line.split()[-1])
+    return 0.0

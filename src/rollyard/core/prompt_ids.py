@@ -1,0 +1,65 @@
+"""A prompt's token ids that remember what was already done with their history.
+
+Each turn of a conversation posts the whole history's ids to the engine again and builds a
+turn record over them; done from scratch, both cost time in proportion to the history (at 30k
+tokens: ~0.45 ms to write the ids as JSON, ~0.16 ms to check them), on the gateway's event loop,
+every turn. A ``PromptIds`` is an ordinary list of ints that also carries
+
+- the JSON text of its first ``json_len`` ids (made when it was last posted, inherited by the
+  prompt that extends it), so ``ids_json`` writes only the ids after them; and
+- ``checked``: how many of its first ids were part of a turn that was built and checked
+  already (the previous prompt and completion), so a turn re-checks only the new ones.
+
+Both facts are about a prefix, so they stay true while ids are appended; nothing here
+survives a copy (``list(ids)``, slices and ``+`` give plain lists, which are simply done in
+full). Code that changes an id in place must not use one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pydantic_core
+
+
+class PromptIds(list[int]):
+    __slots__ = ("_json", "checked", "json_len")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        super().__init__(ids)
+        self._json = b"[]"
+        self.json_len = 0
+        self.checked = 0
+
+    @classmethod
+    def extending(cls, prompt: list[int], completion: list[int]) -> PromptIds:
+        """``prompt + completion`` of a recorded turn, to be extended by the next prompt: what
+        ``prompt`` knew of its JSON is kept, and all of it counts as checked."""
+        ids = cls(prompt)
+        ids += completion
+        if isinstance(prompt, PromptIds):
+            ids._json, ids.json_len = prompt._json, prompt.json_len
+        ids.checked = len(ids)
+        return ids
+
+    def unchecked(self) -> list[int]:
+        """The ids after the checked prefix."""
+        return self[self.checked :] if self.checked else self
+
+
+def ids_json(ids: list[int]) -> bytes:
+    """``ids`` as a JSON array; for a ``PromptIds``, only the ids after its known prefix are
+    written, and the whole text is remembered for the prompt that extends it."""
+    if not isinstance(ids, PromptIds):
+        return pydantic_core.to_json(ids)
+    known = ids.json_len
+    if known == len(ids):
+        return ids._json
+    if known == 0 or known > len(ids):
+        text = pydantic_core.to_json(ids)
+    else:
+        text = b"".join(
+            (memoryview(ids._json)[:-1], b",", memoryview(pydantic_core.to_json(ids[known:]))[1:])
+        )
+    ids._json, ids.json_len = text, len(ids)
+    return text
