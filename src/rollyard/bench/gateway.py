@@ -54,7 +54,10 @@ With the canned engine the run also has prompt-length levels (``_gateway_history
 multi-turn conversations grown to ~0.9k, ~14k and ~30k prompt tokens, the gateway's CPU per turn
 at each (``cpu_ms_per_req_900``, ``_14k``, ``_30k``, and ``cpu_30k_vs_14k``), beside the relay's
 for engine bodies of the same length (``floor_cpu_ms_per_req_*``). A gateway whose work per
-turn does not grow with the history has ``cpu_30k_vs_14k`` near 1.
+turn does not grow with the history has ``cpu_30k_vs_14k`` near 1. It also measures two gateway
+shards beside one (``_shards``: ``shard2_cpu_ratio``, the gateway tree's CPU per request with
+``--workers 2`` over ``--workers 1``) and the journal's growth (``_journal_size``:
+``journal_bytes_per_new_token`` of a 32-turn conversation).
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ import aiohttp
 
 from rollyard.bench._gateway_history import CONTEXT, LEVELS, run_levels
 from rollyard.bench._gateway_load import MAX_TOKENS, Workload, _acc, _block, _post, _programs, _stats
+from rollyard.bench._journal_size import journal_bytes_per_new_token
 from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _engine, _floor, _gateway, _required_floor
 from rollyard.bench._report import report
+from rollyard.bench._shards import shard_cpu
 
 
 def canned() -> bool:
@@ -306,6 +311,10 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
             level.pop("_cpu_s")
             details["open_programs"] = {"programs": n_open, "create_s": create_s, **level}
         await work.backend.aclose()
+        if canned():  # shards beside one gateway (their own processes); the journal's bytes
+            rounds = 2 if quick else 3
+            details["shards"] = await asyncio.to_thread(shard_cpu, engine_url, model_dir, rounds)
+            details["journal"] = await asyncio.to_thread(journal_bytes_per_new_token, model_dir)
     c64, cpu = details["c64"], details["cpu_c64"]
     summary = {
         "thr_ratio_64": c64["median"]["thr_ratio"],
@@ -337,6 +346,11 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
         summary[f"floor_cpu_ms_per_req_{name}"] = level["median_floor_cpu_ms_per_req"]
     if "history" in details:  # the goal: flat, <= 1.2
         summary["cpu_30k_vs_14k"] = summary["cpu_ms_per_req_30k"] / summary["cpu_ms_per_req_14k"]
+    if "shards" in details:  # 2 shards' CPU per request over 1 gateway's (goal <= 1.1)
+        summary["shard2_cpu_ratio"] = details["shards"]["shard2_cpu_ratio"]
+        # bytes the journal grows by per new token of a 32-turn conversation (bound: 1.2 x 8 B
+        # plus a fixed overhead per turn, ``_journal_size``)
+        summary["journal_bytes_per_new_token"] = details["journal"]["journal_bytes_per_new_token"]
     details["pooled_64"] = {
         "thr_ratio": c64["gateway"]["tok_per_s"] / c64["direct"]["tok_per_s"],
         "p50_added_ms": c64["gateway"]["p50_ms"] - c64["direct"]["p50_ms"],
