@@ -98,3 +98,31 @@ def test_the_routes_take_the_admin_token_and_report_versions(tok: FastTokenizer,
         assert client.post("/engines/e0/release", headers=auth).json()["held"] is None
         bad = client.post("/engines/e0/fence/leave", json={"version": "x"}, headers=auth)
         assert bad.status_code == 400
+
+
+async def test_a_fence_refused_by_one_shard_is_left_at_once_by_the_others(
+    tok: FastTokenizer, tmp_path: Path
+) -> None:
+    """The run fences an engine in every gateway shard; when one refuses, the shards that did fence
+    are told it failed (the engine held out there) instead of holding it until their lease ends."""
+    from rollyard.core.errors import Conflict as Refused
+    from rollyard.rollout.gateway_client import GatewayClient
+
+    from .conftest import serving
+
+    engines = [FencedBackend(tok), FencedBackend(tok)]
+    apps = [
+        create_app(build_gateway({"e0": e}, tok, tmp_path / f"j{k}.db", ADMIN, "tiny"))
+        for k, e in enumerate(engines)
+    ]
+    with serving(apps[0]) as url0, serving(apps[1]) as url1:
+        await apps[1].state.fence_leases.enter(engines[1])  # shard 1's engine is fenced already
+        client = GatewayClient([url0, url1], ADMIN)
+        try:
+            with pytest.raises(Refused, match="fenced already"):
+                await client.enter_fence("e0")
+        finally:
+            await client.aclose()
+        assert engines[0]._fence is None  # shard 0 let go at once
+        assert engines[0].held is not None and "another gateway shard" in engines[0].held
+        await apps[1].state.fence_leases.leave("e0", 0, None)

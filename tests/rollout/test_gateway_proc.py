@@ -104,3 +104,37 @@ def test_the_gateway_process_ends_when_the_runs_process_is_killed(
             assert not Path(f"/proc/{pid}").exists()
         finally:
             run.kill()
+
+
+async def test_a_restarted_shard_stamps_the_version_served_now(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``gateway.workers: 2``: after a publish the run writes the live versions into the gateway's
+    spec, so a shard the supervisor restarts does not go back to the run's first version."""
+    import httpx
+
+    from gateway.test_shards import _listener_pid  # type: ignore[import-not-found]
+
+    with serving(canned_engine(max_model_len=2048)) as engine:
+        cfg = quick_config(tiny_model_dir, engine, **{"gateway.workers": 2})
+        backends = [RemoteFenced(engine, name="engine0", max_model_len=2048, policy_version=1)]
+        (tmp_path / "logs").mkdir()
+        gw = await start_gateway(cfg, tmp_path, backends, tiny_model_dir)
+        try:
+            backends[0].commit(7)  # what a publish leaves: the engine serves version 7
+            gw.note_versions(backends)
+            port = gw.layout.port_of(1)
+            old = _listener_pid(port)
+            os.kill(old, signal.SIGKILL)
+            admin = {"Authorization": f"Bearer {gw.admin_token}"}
+            deadline = time.monotonic() + 60
+            version = None
+            while time.monotonic() < deadline:
+                try:
+                    if _listener_pid(port) == old:  # not gone yet
+                        raise AssertionError
+                    version = httpx.get(f"{gw.url_of(1)}/engines", headers=admin).json()["data"][0]["version"]
+                    break
+                except (AssertionError, httpx.HTTPError, KeyError):
+                    time.sleep(0.3)
+            assert version == 7
+        finally:
+            await gw.stop()

@@ -11,6 +11,7 @@ updates), and the run's loop is not the gateway's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -120,8 +121,18 @@ class GatewayClient:
     async def enter_fence(self, engine: str) -> float:
         """Drain and pause ``engine`` in every shard (the engine is paused once all have drained:
         each shard's ``/pause?mode=wait`` waits out the others' requests too); the longest drain."""
-        answers = await self._each("POST", f"/engines/{engine}/fence", {}, timeout=FENCE_TIMEOUT_S)
-        return max(float(a["drained_s"]) for a in answers)
+        path = f"/engines/{engine}/fence"
+        calls = (self._call("POST", path, {}, FENCE_TIMEOUT_S, k) for k in range(len(self.urls)))
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        failed = [a for a in answers if isinstance(a, BaseException)]
+        if failed:  # the shards that did fence must not wait out their lease: failed, held out
+            why = f"the fence failed on another gateway shard: {failed[0]}"[:2000]
+            for k, a in enumerate(answers):
+                if not isinstance(a, BaseException):
+                    with contextlib.suppress(Exception):
+                        await self._call("POST", f"{path}/leave", {"version": 0, "failed": why}, shard=k)
+            raise failed[0]
+        return max(float(a["drained_s"]) for a in answers)  # type: ignore[index]
 
     async def leave_fence(self, engine: str, version: int, failed: str | None) -> None:
         why = failed[:2000] if failed is not None else None

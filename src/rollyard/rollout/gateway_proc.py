@@ -50,6 +50,7 @@ class GatewayServer:
     layout: ShardLayout  # one shard unless ``gateway.workers``; shard k on port + k
     admin_token: str
     proc: subprocess.Popen[bytes]
+    spec_path: Path  # what it serves (re-read by a restarted shard)
     closing: bool = False  # set first at teardown: a program ending now must not touch the gateway
     advertise: str | None = None  # ``gateway.advertise``: how workers on other machines reach it
 
@@ -75,6 +76,15 @@ class GatewayServer:
 
     def socket_of(self, shard: int) -> Path | None:
         return self.layout.uds_of(shard)
+
+    def note_versions(self, backends: list[RemoteFenced]) -> None:
+        """Write the engines' live versions into the gateway's spec: a shard the supervisor
+        restarts reads it again, and must stamp turns with the version served now, not the
+        version the run started with."""
+        spec = GatewayProcessSpec.model_validate_json(self.spec_path.read_text())
+        live = {b.name: b.policy_version for b in backends}
+        engines = [e.model_copy(update={"version": live.get(e.name, e.version)}) for e in spec.engines]
+        write_atomic(self.spec_path, spec.model_copy(update={"engines": engines}).model_dump_json(indent=1))
 
     async def stop(self) -> None:
         """SIGTERM: the gateway stops accepting, drains its requests (``DRAIN_S``), closes its
@@ -155,7 +165,9 @@ async def start_gateway(
         )
     layout = spec.layout(0)
     urls = [layout.url_of(k) for k in range(layout.count)]
-    server = GatewayServer(GatewayClient(urls, token), layout, token, proc, advertise=cfg.gateway.advertise)
+    server = GatewayServer(
+        GatewayClient(urls, token), layout, token, proc, spec_path, advertise=cfg.gateway.advertise
+    )
     try:
         await _wait_ready(server, log_path)
     except BaseException:

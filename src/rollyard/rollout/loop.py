@@ -203,6 +203,7 @@ class TrainingLoop:
         path = await publish_healing(self.publisher, self.svc.fleet, self.trainer.model, version)
         if path is not None:  # disk mode: a restarted engine comes back on this dir
             self.svc.fleet.live(path, version)
+        self.svc.gateway.note_versions(self.svc.fleet.backends)  # for a gateway shard restarted later
         self.s.version, self.s.step = version, self.s.step + 1
         for g in groups:
             self.s.ledger.mark_trained(g.number, self.s.step)
