@@ -99,7 +99,7 @@ class LocalRunner:
         except BaseException:  # no program.finish follows: free it here
             await self.svc.pool.release(program.id)
             raise
-        # on success the gateway's terminate hook frees the sandbox when the program is finished
+        # on success run_program frees the sandbox once the gateway has finished the program
 
     async def _run_own(
         self,
