@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -24,9 +27,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, socket_path: str) -> None:
+async def splice(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, connect: Connect) -> None:
+    """Pass one client connection, both ways and byte for byte, to a new ``connect()`` upstream
+    (also the relay of ``relay.py``, upstream over TCP)."""
     try:
-        up_r, up_w = await asyncio.open_unix_connection(socket_path)
+        up_r, up_w = await connect()
     except OSError:
         client_w.close()
         return
@@ -37,7 +42,9 @@ async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
 
 
 async def serve(port: int, socket_path: str, ready: Path | None) -> None:
-    server = await asyncio.start_server(lambda r, w: _handle(r, w, socket_path), "127.0.0.1", port)
+    server = await asyncio.start_server(
+        lambda r, w: splice(r, w, lambda: asyncio.open_unix_connection(socket_path)), "127.0.0.1", port
+    )
     if ready is not None:
         ready.write_text(str(port))
     async with server:

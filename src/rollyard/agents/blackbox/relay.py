@@ -19,16 +19,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()  # half-close: the other direction may still be answering
-    except (ConnectionError, OSError):
-        writer.close()
+from rollyard.agents.blackbox.forwarder import splice
 
 
 class NodeRelay:
@@ -51,19 +42,9 @@ class NodeRelay:
                 os.chmod(self._dir, 0o755)
             path = self._dir / f"gw-{len(self._servers)}.sock"
             host, port = key
-
-            async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-                try:
-                    up_r, up_w = await asyncio.open_connection(host, port)
-                except OSError:
-                    w.close()
-                    return
-                await asyncio.gather(_pipe(r, up_w), _pipe(up_r, w))
-                for x in (w, up_w):
-                    with contextlib.suppress(Exception):
-                        x.close()
-
-            server = await asyncio.start_unix_server(handle, str(path))
+            server = await asyncio.start_unix_server(
+                lambda r, w: splice(r, w, lambda: asyncio.open_connection(host, port)), str(path)
+            )
             os.chmod(path, 0o777)  # the sandbox's uid connects; the program key is the check
             self._servers[key] = (server, path)
         return self._servers[key][1]
