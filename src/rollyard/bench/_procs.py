@@ -124,12 +124,17 @@ def _gateway(
             _wait_until(lambda: _up(proc, log) and _healthy(url), "the gateway")
             yield url, proc.pid
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM a bench's gateway; SIGKILL one that does not stop (requests still held)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout_s)
 
 
 def _up(proc: subprocess.Popen[bytes], log: Path) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from rollyard.bench._procs import ADMIN, _cpu_seconds, _healthy, _wait_until
+from rollyard.bench._procs import ADMIN, _cpu_seconds, _healthy, _stop, _wait_until
 from rollyard.core.net import free_ports
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 16}
@@ -68,12 +68,7 @@ def sharded(engine_url: str, model_dir: Path, workers: int) -> Iterator[tuple[st
                 _wait_until(lambda k=k: _healthy(f"http://127.0.0.1:{port + k}"), f"gateway shard {k}")  # type: ignore[misc]
             yield f"http://127.0.0.1:{port}", proc.pid
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(30)
+            _stop(proc)
 
 
 async def _create(url: str, programs: int) -> list[dict[str, Any]]:
