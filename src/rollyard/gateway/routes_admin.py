@@ -91,46 +91,42 @@ async def list_programs(request: Request, group_id: str | None = None) -> dict[s
     return {"object": "list", "data": progs}
 
 
-async def _held_elsewhere(request: Request, error: NotFound, body: Any = None) -> Any:
-    """A program this shard does not hold: the answer of the shard that does (if sharded)."""
-    peers: ShardPeers = request.app.state.peers
-    if not passed_on(peers.layout, request.headers):
-        raise error
+async def _elsewhere(request: Request, program_id: str, body: Any = None) -> Any | None:
+    """Admin only. None when this shard holds the program; else the answer of the shard that does,
+    asked the same call (``body``); NotFound when none does or the gateway is not sharded."""
+    gw = gateway(request)
+    gw.programs.require_admin(api_key(request))
+    try:
+        gw.programs.get(program_id)
+        return None
+    except NotFound:
+        peers: ShardPeers = request.app.state.peers
+        if not passed_on(peers.layout, request.headers):
+            raise
     return await on_holder(peers, request.method, request.url.path, api_key(request) or "", body)
 
 
 @router.get("/programs/{program_id}")
 async def get_program(program_id: str, request: Request) -> dict[str, Any]:
-    gw = gateway(request)
-    gw.programs.require_admin(api_key(request))
-    try:
-        return gw.programs.get(program_id).public()
-    except NotFound as e:
-        return await _held_elsewhere(request, e)
+    if (answer := await _elsewhere(request, program_id)) is not None:
+        return answer
+    return gateway(request).programs.get(program_id).public()
 
 
 @router.post("/programs/{program_id}/finish")
 async def finish_program(program_id: str, body: FinishProgram, request: Request) -> dict[str, Any]:
     """End a program (finished or terminated) and fire the termination hooks; answered once its
     turn in flight, if any, is journaled (``Gateway.finish``)."""
-    gw = gateway(request)
-    gw.programs.require_admin(api_key(request))
-    try:
-        gw.programs.get(program_id)
-    except NotFound as e:
-        return await _held_elsewhere(request, e, body.model_dump(mode="json"))
-    return (await gw.finish(program_id, body.state, body.status, body.outcome)).public()
+    if (answer := await _elsewhere(request, program_id, body.model_dump(mode="json"))) is not None:
+        return answer
+    return (await gateway(request).finish(program_id, body.state, body.status, body.outcome)).public()
 
 
 @router.get("/programs/{program_id}/trajectory")
 async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
-    gw = gateway(request)
-    gw.programs.require_admin(api_key(request))
-    try:
-        gw.programs.get(program_id)
-    except NotFound as e:
-        return await _held_elsewhere(request, e)
-    traj = await gw.journal.atrajectory(program_id)  # read, rebuilt and dumped off the loop
+    if (answer := await _elsewhere(request, program_id)) is not None:
+        return answer
+    traj = await gateway(request).journal.atrajectory(program_id)  # read, rebuilt and dumped off the loop
     return await asyncio.to_thread(traj.model_dump, mode="json")
 
 
@@ -138,11 +134,7 @@ async def trajectory(program_id: str, request: Request) -> dict[str, Any]:
 async def record_events(program_id: str, body: ProgramEvents, request: Request) -> dict[str, Any]:
     """Append what happened on the agent's side (tool results, context management) to a
     program's journal: the runner of ``rollyard train`` reports its sandbox's events here."""
-    gw = gateway(request)
-    gw.programs.require_admin(api_key(request))
-    try:
-        gw.programs.get(program_id)
-    except NotFound as e:
-        return await _held_elsewhere(request, e, body.model_dump(mode="json"))
-    gw.journal.record_events(program_id, body.events)
+    if (answer := await _elsewhere(request, program_id, body.model_dump(mode="json"))) is not None:
+        return answer
+    gateway(request).journal.record_events(program_id, body.events)
     return {"id": program_id, "recorded": len(body.events)}
