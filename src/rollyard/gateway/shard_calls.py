@@ -8,6 +8,8 @@ carries the caller's own token and a ``FORWARDED`` header, so it is never passed
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -69,12 +71,20 @@ async def call(
     layout = peers.layout
     url = layout.url_of(shard) + path
     headers = {"authorization": f"Bearer {token}", FORWARDED: str(layout.index)}
-    try:
+    with unanswered_as_unavailable(f"gateway shard {shard} ({url})"):
         resp = await peers.http.request(method, url, json=body, params=params, headers=headers)
-    except httpx.HTTPError as e:
-        raise GatewayUnavailable(f"gateway shard {shard} ({url}) did not answer: {type(e).__name__}") from e
     raise_for(resp, f"gateway shard {shard}")
     return resp.json()
+
+
+@contextlib.contextmanager
+def unanswered_as_unavailable(who: str) -> Iterator[None]:
+    """A call to a gateway that failed on the way (refused, reset, timed out) as a
+    ``GatewayUnavailable`` (503) naming ``who``."""
+    try:
+        yield
+    except httpx.HTTPError as e:
+        raise GatewayUnavailable(f"{who} did not answer: {e!r}") from e
 
 
 def raise_for(resp: httpx.Response, who: str) -> None:

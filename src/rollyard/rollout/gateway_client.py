@@ -16,11 +16,10 @@ from typing import Any
 
 import httpx
 
-from rollyard.core.errors import GatewayUnavailable
 from rollyard.core.events import Event
 from rollyard.core.program import Program, ProgramState
 from rollyard.core.trajectory import Outcome, Trajectory
-from rollyard.gateway.shard_calls import raise_for
+from rollyard.gateway.shard_calls import raise_for, unanswered_as_unavailable
 
 TIMEOUT_S = 60.0
 FENCE_TIMEOUT_S = 900.0  # entering waits out the engine's longest request in flight
@@ -49,10 +48,8 @@ class GatewayClient:
         kw: dict[str, Any] = {"json": body}
         if timeout is not None:
             kw["timeout"] = timeout
-        try:
+        with unanswered_as_unavailable(f"the run's gateway ({method} {path})"):
             resp = await self._http.request(method, self.urls[shard] + path, **kw)
-        except httpx.HTTPError as e:
-            raise GatewayUnavailable(f"the run's gateway did not answer {method} {path}: {e!r}") from e
         raise_for(resp, "the run's gateway")
         return resp.json()
 
@@ -65,10 +62,8 @@ class GatewayClient:
 
     def _each_sync(self, method: str, path: str, body: Any = None) -> None:
         for url in self.urls:
-            try:
+            with unanswered_as_unavailable(f"the run's gateway ({method} {path})"):
                 resp = self._sync.request(method, url + path, json=body)
-            except httpx.HTTPError as e:
-                raise GatewayUnavailable(f"the run's gateway did not answer {method} {path}: {e!r}") from e
             raise_for(resp, "the run's gateway")
 
     # programs -----------------------------------------------------------------------------------
