@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from rollyard.core.errors import EngineUnavailable
 
@@ -34,8 +33,12 @@ class VersionFence:
     """Mix-in state and methods; the host provides ``name``, ``_version``, ``_request``,
     ``reset_prefix_cache`` and ``resume``."""
 
+    # provided by the host class (declared here for readers and type checkers, not defined)
     name: str
     _version: int
+    _request: Callable[..., Awaitable[tuple[int, bytes]]]
+    reset_prefix_cache: Callable[[], Awaitable[None]]
+    resume: Callable[[], Awaitable[None]]
 
     def __init__(self) -> None:
         # While ``_fence`` is set, new requests wait for it; ``_inflight`` counts ours on the
@@ -44,15 +47,6 @@ class VersionFence:
         self._drained: asyncio.Future[None] | None = None
         self._inflight = 0
         self._held: str | None = None
-
-    async def _request(self, method: str, path: str, **kw: Any) -> tuple[int, bytes]:
-        raise NotImplementedError
-
-    async def reset_prefix_cache(self) -> None:
-        raise NotImplementedError
-
-    async def resume(self) -> None:
-        raise NotImplementedError
 
     async def _admit(self) -> int:
         """Wait out a fence, then count the request in flight; the version it will be
