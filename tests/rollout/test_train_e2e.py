@@ -41,6 +41,7 @@ async def test_two_steps_publish_weights_and_later_turns_carry_the_new_version(
     # publishing (in memory by default: no file) is timed apart from training, inside the step
     assert all(0 < r["publish_s"] < r["wall_s"] for r in rows)
     assert all(r["publish_bytes"] > 0 for r in rows)  # memory mode's transfer ran
+    assert all(r["publish_engine_repack_s"] > 0 for r in rows)  # the worker re-packed its GEMMs
     assert last["policy_version"] == 2
     assert not list((run.root / "weights").glob("v*"))
     engine = VLLMBackend(cfg.engine.urls[0])

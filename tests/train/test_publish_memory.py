@@ -71,12 +71,15 @@ async def test_memory_publish_equals_a_disk_reload_and_writes_nothing(
         assert await memory.publish(model, 1) is None
         assert files_under(root) == []  # nothing written, not even a temporary dir
         assert engine.policy_version == 1 == await engine.engine_version()
+        # the worker timed its own receive, load and re-pack (the split bench publish reports)
+        assert all(memory.last[f"engine_{k}_s"] > 0 for k in ("receive", "load", "repack")), memory.last
         assert (await engine.rpc("rollyard_weights_digest"))[0] != base_digest
         by_memory = await greedy(engine)
         assert by_memory != before
         disk = WeightPublisher([engine], root, base_path=tiny_model_dir, base_version=1, mode="disk")
         await disk.publish(model, 2)
         assert engine.policy_version == 2 == await engine.engine_version()
+        assert disk.last["save_s"] > 0 and disk.last["engine_repack_s"] > 0, disk.last
         by_disk = await greedy(engine)
         assert max_diff(by_memory, by_disk) <= 1e-5
         # and both are the trainer's own distribution

@@ -113,7 +113,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
         await memory.start()
         probe = LagProbe()
         probing = asyncio.create_task(probe.run())
-        version, disk_s, memory_s, written, parts = 0, [], [], 0, []
+        version, disk_s, memory_s, written, parts, disk_parts = 0, [], [], 0, [], []
         for r in range(rounds):  # quiet rounds, order alternating
             for mode in ("disk", "memory") if r % 2 == 0 else ("memory", "disk"):
                 version += 1
@@ -124,6 +124,8 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
                 if mode == "memory":
                     written += _write_bytes() - before
                     parts.append(memory.last)
+                else:
+                    disk_parts.append(disk.last)
         quiet_lag = sorted(probe.samples)
         # logprobs: the same model by memory, then by disk (stamped with the disk's version)
         same = models[(version + 2) % 2]
@@ -177,6 +179,7 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
             await e.aclose()
         return {
             "disk_s": disk_s, "memory_s": memory_s, "bytes_written_memory": written, "memory_parts": parts,
+            "disk_parts": disk_parts,
             "bytes_written_disk_once": disk_bytes, "files_left": files_left, "logprob_diff": diff,
             "turns": len(stamped), "mixed_version_turns": mixed, "turns_other_model_differs": discriminated,
             "versions_under_load": sorted({v for v, *_ in stamped}), "publish_under_load_s": under_load,
@@ -189,6 +192,16 @@ async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period:
     finally:
         for s in servers:
             s.stop()
+
+
+def _split(mode: str, parts: list[dict[str, float]], keys: tuple[str, ...]) -> dict[str, float]:
+    """``{mode}_{key}``: the median of each timing over the rounds that reported it."""
+    out = {}
+    for k in keys:
+        values = [p[k] for p in parts if k in p]
+        if values:
+            out[f"{mode}_{k.removeprefix('engine_')}"] = round(statistics.median(values), 3)
+    return out
 
 
 def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
@@ -206,6 +219,11 @@ def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
         "loop_lag_p99_ms": round(d["loop_lag_p99_ms"], 1),
         "mixed_version_turns": d["mixed_version_turns"],
         "turns": d["turns"],
+        # Where each mode's time goes (medians; engine_*: the slowest engine's worker, its own clock).
+        **_split(
+            "memory", d["memory_parts"], ("pack_s", "engine_receive_s", "engine_load_s", "engine_repack_s")
+        ),
+        **_split("disk", d["disk_parts"], ("save_s", "engine_load_s", "engine_repack_s")),
         "model": model,
     }
     return report(result_name("publish", model), summary, {**d, "loadavg": load})

@@ -356,8 +356,9 @@ class VLLMBackend(VersionFence):
         # an engine without one treats it as a no-op.
         await self._request("POST", "/reset_prefix_cache", params={"reset_external": "true"})
 
-    async def load_weights(self, path: str, version: int) -> None:
-        """Swap weights in place from a safetensors dir; later turns carry ``version``."""
+    async def load_weights(self, path: str, version: int) -> list[Any]:
+        """Swap weights in place from a safetensors dir; later turns carry ``version``. The
+        workers' answers (rollyard's extension reports its load and re-pack timings)."""
         # CPU engines started by our launcher carry a worker extension whose reload also
         # rebuilds the prepacked GEMMs (see vllm_worker_ext); other engines use vLLM's own.
         kwargs: dict[str, Any] = {"weights_path": str(path)}
@@ -365,10 +366,11 @@ class VLLMBackend(VersionFence):
             method, kwargs["version"] = "rollyard_reload_weights", version
         else:
             method = "reload_weights"
-        await self._request("POST", "/collective_rpc", json={"method": method, "kwargs": kwargs})
+        results = await self.rpc(method, **kwargs)
         await self.reset_prefix_cache()  # cached KV was computed by the old weights
         self._version = version
         log.info("engine=%s loaded weights version=%d path=%s", self.name, version, path)
+        return results
 
     def serving(self, version: int) -> None:
         """Record that the engine now serves ``version`` (a restart on those weights, not a reload)."""

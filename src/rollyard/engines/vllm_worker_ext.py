@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import time
 from typing import Any
 
 import torch
@@ -51,11 +52,13 @@ class LiveWeightsExtension:
     def _model(self) -> Any:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
-    def rollyard_reload_weights(self, weights_path: str, version: int = -1) -> int:
-        """Reload from a safetensors dir, then rebuild every packed GEMM from the new weights."""
+    def rollyard_reload_weights(self, weights_path: str, version: int = -1) -> dict[str, float]:
+        """Reload from a safetensors dir, then rebuild every packed GEMM from the new weights.
+        Returns where the time went (``load_s``, ``repack_s``) and how many GEMMs were re-packed."""
+        t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         self._rollyard_version = int(version)
-        return self._repack()
+        return self._repack_timed(t0, t0)
 
     def rollyard_weights_version(self) -> int:
         """The policy version the last reload or receive was given (-1: none since start-up)."""
@@ -77,11 +80,13 @@ class LiveWeightsExtension:
         self._rollyard_pg = self._rollyard_store = None
         return pg is not None
 
-    def rollyard_receive_weights(self, plan: str, version: int) -> int:
+    def rollyard_receive_weights(self, plan: str, version: int) -> dict[str, float]:
         """Receive every bucket from rank 0, then load them all and re-pack.
 
         ``plan`` is JSON, one entry a bucket: ``{"dtype": "float32", "numel": N, "tensors":
-        [[name, shape, offset], ...]}``, one flat tensor of one dtype sliced into named tensors."""
+        [[name, shape, offset], ...]}``, one flat tensor of one dtype sliced into named tensors.
+        Returns where the time went (``receive_s``, ``load_s``, ``repack_s``), as the reload does."""
+        t0 = time.perf_counter()
         buckets: list[dict[str, Any]] = json.loads(plan)
         pg = getattr(self, "_rollyard_pg", None)
         if pg is None:
@@ -95,18 +100,23 @@ class LiveWeightsExtension:
                 for d in shape:
                     n *= int(d)
                 staged.append((name, flat[offset : offset + n].view(*shape)))
+        t1 = time.perf_counter()
         self.model_runner.reload_weights(weights_iterator=iter(staged))  # type: ignore[attr-defined]
         self._rollyard_version = int(version)
-        return self._repack()
+        return self._repack_timed(t0, t1)
 
-    def _repack(self) -> int:
+    def _repack_timed(self, t0: float, t1: float) -> dict[str, float]:
+        """Re-pack every GEMM; the timings of a weight update that received from ``t0`` to ``t1``
+        and loaded from ``t1`` to now."""
+        t2 = time.perf_counter()
         repacked = 0
         for module in self._model().modules():
             weight = getattr(module, "weight", None)
             if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
                 _ORIGINAL_DISPATCH(module, remove_weight=False)
                 repacked += 1
-        return repacked
+        t3 = time.perf_counter()
+        return {"receive_s": t1 - t0, "load_s": t2 - t1, "repack_s": t3 - t2, "repacked": float(repacked)}
 
     def rollyard_weights_digest(self) -> str:
         """A digest of every parameter, so a test can see that a reload changed the weights."""

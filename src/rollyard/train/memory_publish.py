@@ -29,6 +29,22 @@ from rollyard.train.weight_stream import GlooLink, WeightSource, model_weights, 
 log = logging.getLogger(__name__)
 
 
+def worker_timings(results: Any) -> dict[str, float]:
+    """The first worker's timings from a weight-update RPC's answers (``receive_s``, ``load_s``,
+    ``repack_s``), or none from an engine whose extension does not report them."""
+    first = results[0] if isinstance(results, list) and results else None
+    if not isinstance(first, dict):
+        return {}
+    return {k: float(v) for k, v in first.items() if k.endswith("_s") and isinstance(v, int | float)}
+
+
+def slowest_engine(timings: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Each worker timing's maximum over the engines, as ``engine_<name>``: the slowest engine
+    sets the publish's time, so its split says where that time went."""
+    keys = sorted({k for t in timings for k in t})
+    return {f"engine_{k}": max(t.get(k, 0.0) for t in timings) for k in keys}
+
+
 class MemoryLinks:
     def __init__(self, weights: WeightSource | None, bucket_bytes: int, host: str, timeout_s: float) -> None:
         self.weights = weights
@@ -71,17 +87,21 @@ class MemoryLinks:
         plan = json.dumps([b.plan() for b in buckets])
         flats = await asyncio.to_thread(lambda: [b.flat() for b in buckets])
         t1 = time.perf_counter()
-        drains = await asyncio.gather(*(self._update(e, plan, flats, version) for e in engines))
+        updates = await asyncio.gather(*(self._update(e, plan, flats, version) for e in engines))
         return {
             "pack_s": t1 - t0,
-            "drain_s": max(drains, default=0.0),
+            "drain_s": max((d for d, _ in updates), default=0.0),
             "transfer_s": time.perf_counter() - t1,
             "bytes": float(sum(f.numel() * f.element_size() for f in flats)),
+            **slowest_engine([t for _, t in updates]),
         }
 
-    async def _update(self, engine: VLLMBackend, plan: str, flats: list[torch.Tensor], version: int) -> float:
-        """One engine: fence, receive, commit; on any failure it is held out. The fence's drain."""
-        drained = 0.0
+    async def _update(
+        self, engine: VLLMBackend, plan: str, flats: list[torch.Tensor], version: int
+    ) -> tuple[float, dict[str, float]]:
+        """One engine: fence, receive, commit; on any failure it is held out. The fence's drain
+        and the worker's own timings of the update (none if it failed)."""
+        drained, timings = 0.0, {}
         try:
             link = await self.join(engine)
             async with engine.fenced() as drained:
@@ -94,12 +114,13 @@ class MemoryLinks:
                     if isinstance(r, BaseException):
                         raise r
                 engine.commit(version)
+                timings = worker_timings(done[0])
         except Exception as e:  # held out (the fence did it, or here if the fence never began)
             self._links.pop(engine.name, None)
             if engine.held is None:
                 engine.hold(f"weight update to v{version} failed: {type(e).__name__}: {e}")
             log.error("engine=%s failed to take weights v%d: %s", engine.name, version, e)
-        return drained
+        return drained, timings
 
     @staticmethod
     def _send_all(link: GlooLink, flats: list[torch.Tensor]) -> None:

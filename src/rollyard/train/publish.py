@@ -26,6 +26,7 @@ import contextlib
 import logging
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +35,7 @@ from rollyard.core.errors import RollyardError, TrainError
 from rollyard.engines.launcher import has_cuda_gpu
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.train.checkpoint import save_weights
-from rollyard.train.memory_publish import MemoryLinks
+from rollyard.train.memory_publish import MemoryLinks, slowest_engine, worker_timings
 from rollyard.train.nccl_publish import NcclLinks
 from rollyard.train.weight_stream import WeightSource
 
@@ -157,13 +158,13 @@ class WeightPublisher:
             raise TrainError(f"engines {', '.join(failed)} could not catch up to version {self.version}")
 
     # -- disk ----------------------------------------------------------------------------------
-    async def _load(self, engine: VLLMBackend, path: Path, version: int) -> None:
+    async def _load(self, engine: VLLMBackend, path: Path, version: int) -> dict[str, float]:
+        """Fence ``engine`` and reload it from ``path``, retried; the worker's own timings."""
         last: Exception | None = None
         for attempt in range(1, self.retries + 1):
             try:
                 async with engine.fenced():
-                    await engine.load_weights(str(path), version)
-                return
+                    return worker_timings(await engine.load_weights(str(path), version))
             except RollyardError as e:
                 last = e
                 engine.release()  # the old weights stay whole: a failed reload is retried
@@ -176,7 +177,9 @@ class WeightPublisher:
     async def _publish_disk(self, model: Any, version: int) -> Path:
         if version <= self.version:
             raise TrainError(f"version {version} is not newer than the live version {self.version}")
+        t0 = time.perf_counter()
         path = await asyncio.to_thread(save_weights, model, self.root, version, tokenizer=self.tokenizer)
+        t1 = time.perf_counter()
         results = await asyncio.gather(
             *(self._load(e, path, version) for e in self.engines), return_exceptions=True
         )
@@ -194,6 +197,8 @@ class WeightPublisher:
             raise errors[0]
         self.version, self.path = version, path
         self.published += 1
+        timings = [r for r in results if isinstance(r, dict)]
+        self.last = {"save_s": t1 - t0, "transfer_s": time.perf_counter() - t1, **slowest_engine(timings)}
         self._cleanup()
         log.info("published weights version=%d path=%s engines=%d", version, path, len(self.engines))
         return path
