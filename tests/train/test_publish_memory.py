@@ -48,6 +48,14 @@ async def greedy(engine: VLLMBackend) -> list[list[float]]:
     return [(await engine.generate(p, params)).logprobs for p in PROMPTS]
 
 
+async def trainer_diff(engine: VLLMBackend, model: torch.nn.Module) -> float:
+    """How far the engine's greedy logprobs on a prompt are from the trainer model's own."""
+    params = SamplingParams(max_tokens=16, temperature=0.0, logprobs=True)
+    done = await engine.generate(PROMPTS[0], params)
+    ref = trainer_logprobs(model, PROMPTS[0], done.token_ids)
+    return max(abs(a - b) for a, b in zip(done.logprobs, ref, strict=True))
+
+
 def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for u, v in zip(a, b, strict=True) for x, y in zip(u, v, strict=True))
 
@@ -76,17 +84,14 @@ async def test_memory_publish_equals_a_disk_reload_and_writes_nothing(
         assert (await engine.rpc("rollyard_weights_digest"))[0] != base_digest
         by_memory = await greedy(engine)
         assert by_memory != before
+        assert await trainer_diff(engine, model) < 1e-3  # the trainer's own distribution
         disk = WeightPublisher([engine], root, base_path=tiny_model_dir, base_version=1, mode="disk")
         await disk.publish(model, 2)
         assert engine.policy_version == 2 == await engine.engine_version()
         assert disk.last["save_s"] > 0 and disk.last["engine_repack_s"] > 0, disk.last
         by_disk = await greedy(engine)
         assert max_diff(by_memory, by_disk) <= 1e-5
-        # and both are the trainer's own distribution
-        params = SamplingParams(max_tokens=16, temperature=0.0, logprobs=True)
-        done = await engine.generate(PROMPTS[0], params)
-        ref = trainer_logprobs(model, PROMPTS[0], done.token_ids)
-        assert max(abs(a - b) for a, b in zip(done.logprobs, ref, strict=True)) < 1e-3
+        assert await trainer_diff(engine, model) < 1e-3  # and so is the disk reload's
         # a further memory publish after a disk one takes effect again
         model2 = perturbed(tiny_model_dir, 6)
         await memory.publish(model2, 3)
