@@ -28,6 +28,7 @@ from rollyard.engines.vllm import VLLMBackend
 from rollyard.rollout.config import builtin_config
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.rundir import RunDir
+from rollyard.rollout.services import LOGPROBS_OF_SAMPLED
 
 KV_TOKENS = 16384
 
@@ -82,7 +83,11 @@ def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
         root = Path(tmp)
         model_dir = bench_model(model, root)
         with VLLMServer(
-            model_dir, kv_tokens=KV_TOKENS, served_name="policy", log_path=root / "vllm.log"
+            model_dir,
+            kv_tokens=KV_TOKENS,
+            served_name="policy",
+            log_path=root / "vllm.log",
+            extra_args=list(LOGPROBS_OF_SAMPLED),  # what an attached engine must record
         ) as server:
             rows, kv, wall = asyncio.run(_run(root, server.url, model_dir, steps))
             disk_rows, _, _ = asyncio.run(_run(root, server.url, model_dir, steps, publish="disk"))

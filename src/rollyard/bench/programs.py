@@ -76,6 +76,7 @@ def _engines(size: str, kv_tokens: int, max_model_len: int, count: int) -> Itera
         return
     from rollyard.engines.launcher import VLLMServer
     from rollyard.engines.tiny_model import create_model
+    from rollyard.rollout.services import LOGPROBS_OF_SAMPLED
 
     cpus = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
@@ -89,6 +90,7 @@ def _engines(size: str, kv_tokens: int, max_model_len: int, count: int) -> Itera
                 served_name=SERVED,
                 startup_timeout_s=900.0,  # the small model on 2 loaded cores: 2-5 minutes
                 cpu_threads=str(i % cpus) if count > 1 else None,
+                extra_args=list(LOGPROBS_OF_SAMPLED),  # what an attached engine must record
             )
             urls.append(stack.enter_context(server).url)
         yield urls, model_dir

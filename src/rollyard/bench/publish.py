@@ -34,6 +34,7 @@ from rollyard.bench._report import loadavg, report
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.launcher import VLLMServer
 from rollyard.engines.vllm import VLLMBackend
+from rollyard.rollout.services import LOGPROBS_OF_SAMPLED
 from rollyard.train.publish import WeightPublisher
 
 PROMPTS = [[1, 482, 201, 400, 483, 2, 1, 378, 201], [1, 300, 301, 302, 2, 1, 378], [1, 99, 7, 640, 2]]
@@ -99,7 +100,7 @@ async def _timed(pub: WeightPublisher, model: Any, version: int, probe: LagProbe
 async def _run(model_dir: Path, root: Path, rounds: int, min_turns: int, period: float) -> dict[str, Any]:
     servers = [
         VLLMServer(model_dir, kv_tokens=8192, max_model_len=2048, served_name="policy",
-                   log_path=root / f"engine{i}.log", extra_args=["--logprobs-mode", "processed_logprobs"])
+                   log_path=root / f"engine{i}.log", extra_args=list(LOGPROBS_OF_SAMPLED))
         for i in range(2)
     ]  # fmt: skip
     try:
