@@ -35,6 +35,7 @@ class EngineActor:
 
         os.environ[KEY_ENV] = key  # the driver's engine key, whatever this node's key file holds
         self.ip = ray.util.get_node_ip_address()
+        os.environ.setdefault("VLLM_HOST_IP", self.ip)  # vLLM guesses it from a default route otherwise
         self.server = VLLMServer(model_dir, host=self.ip, **server)
 
     def start(self, model_dir: str, version: int) -> tuple[str, int]:
