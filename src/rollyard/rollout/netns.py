@@ -2,7 +2,10 @@
 
 ``unshare -Urn`` gives an unprivileged user + network namespace (the head node's); inside it a
 child ``unshare -n`` holds a second network namespace (the worker node's), and a veth pair
-joins them with private addresses that exist only in there (``HEAD_IP``, ``WORKER_IP``). The
+joins them with private addresses that exist only in there (``HEAD_IP``, ``WORKER_IP``). As
+root, the namespaces are network-only (``unshare -n``): the bwrap provider runs each sandbox
+as a leased uid, which a one-uid user namespace does not map (its cgroup ``chown`` failed with
+EINVAL there); an unprivileged user gets the user namespace, sandboxes then run as that user. The
 filesystem stays shared, as a cluster's shared filesystem would be. ``TwoNodeRay`` starts a Ray
 head (no CPUs: nothing is placed there) and a Ray worker node, and runs commands on either node
 (``nsenter`` into its namespaces). ``kill_worker`` SIGKILLs every process of the worker node,
@@ -62,8 +65,9 @@ class NetnsPair:
     def __init__(self) -> None:
         if not (shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")):
             raise ConfigError("two namespaced nodes need util-linux's unshare and nsenter and iproute2's ip")
+        self.user_ns = os.geteuid() != 0
         self.root = subprocess.Popen(
-            ["unshare", "-Urn", "--fork", "sh", "-c", _PLUMB],
+            ["unshare", "-Urn" if self.user_ns else "-n", "--fork", "sh", "-c", _PLUMB],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -78,21 +82,29 @@ class NetnsPair:
         self._ns = {node: _net_ns(pid) for node, pid in self.pids.items()}
 
     def argv(self, node: Node, argv: list[str]) -> list[str]:
-        """``argv`` run inside ``node``'s user and network namespaces."""
-        return ["nsenter", "-t", str(self.pids[node]), "-U", "-n", "--preserve-credentials", *argv]
+        """``argv`` run inside ``node``'s namespaces."""
+        if self.user_ns:
+            return ["nsenter", "-t", str(self.pids[node]), "-U", "-n", "--preserve-credentials", *argv]
+        return ["nsenter", "-t", str(self.pids[node]), "-n", *argv]
 
     def processes(self, node: Node) -> list[int]:
-        """Every process in ``node``'s network namespace, except the ones that hold it open."""
+        """Every process in ``node``'s network namespace and their descendants (a sandbox has a
+        namespace of its own), except the ones that hold the namespaces open."""
         keep = {self.root.pid, *self.pids.values()}
-        out = []
+        parent: dict[int, int] = {}
+        found: set[int] = set()
         for entry in os.scandir("/proc"):
-            if (
-                entry.name.isdigit()
-                and int(entry.name) not in keep
-                and _net_ns(int(entry.name)) == self._ns[node]
-            ):
-                out.append(int(entry.name))
-        return out
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+                parent[pid] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            if pid not in keep and _net_ns(pid) == self._ns[node]:
+                found.add(pid)
+        while more := {p for p, pp in parent.items() if pp in found and p not in found | keep}:
+            found |= more  # children of what was found, until nothing new turns up
+        return sorted(found)
 
     def kill(self, node: Node, timeout_s: float = 10.0) -> None:
         """SIGKILL every process of ``node`` (until none is left or ``timeout_s`` passes)."""
