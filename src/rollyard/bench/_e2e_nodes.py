@@ -12,6 +12,7 @@ second machine's capacity.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,7 +88,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Agent steps (model turns) per minute of training loop, as ``bench e2e`` counts them."""
     loop_s = sum(r["wall_s"] for r in rows)
     turns = sum(r["turns_per_episode"] * 8 for r in rows)  # 2 groups x G=4 episodes per step
-    return {"steps_per_min": 60.0 * turns / max(loop_s, 1e-9), "loop_s": loop_s}
+    step_s = statistics.median(r["wall_s"] for r in rows)
+    return {"steps_per_min": 60.0 * turns / max(loop_s, 1e-9), "loop_s": loop_s, "step_s_median": step_s}
 
 
 def main(quick: bool, model: str) -> dict[str, Any]:
@@ -116,6 +118,7 @@ def main(quick: bool, model: str) -> dict[str, Any]:
         "model": model,
         "train_steps": steps,
         "loop_s": {"one_node": a["loop_s"], "two_nodes": b["loop_s"]},
+        "step_s_median": {"one_node": a["step_s_median"], "two_nodes": b["step_s_median"]},
         "wall_s_including_setup": {"one_node": one_wall, "two_nodes": two_wall},
         "load": loadavg(),
     }
