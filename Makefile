@@ -5,13 +5,13 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: setup test test-fast test-agents demo bench lint fmt clean
+.PHONY: setup test test-fast test-agents test-cluster demo bench lint fmt clean
 
 setup:
 	bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -m "not cluster"
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow and not engine"
@@ -22,6 +22,12 @@ test-fast: setup
 test-agents: setup
 	ROLLYARD_TEST_AGENTS=1 $(PY) -m pytest -q -ra tests/agents \
 		tests/rollout/test_train_e2e.py -k "agents or mini_swe or codex or claude"
+
+# Two Ray nodes on this host, each in its own network namespace (unshare -Urn, a veth pair):
+# the head runs `rollyard train`, the worker node the engine, agents and sandboxes; then the
+# worker node is lost mid-run and the run resumes (tests/rollout/test_two_nodes.py).
+test-cluster: setup
+	$(PY) -m pytest -q -ra -s -m cluster tests/rollout/test_two_nodes.py
 
 demo: setup
 	.venv/bin/rollyard demo

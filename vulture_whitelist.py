@@ -190,3 +190,7 @@ _.shutdown_weight_transfer_engine  # vLLM's trainer engine calls it (train/nccl_
 _.start_weight_update  # vLLM's trainer engine calls it (train/nccl_publish.py)
 _.update_weights  # vLLM's trainer engine calls it (train/nccl_publish.py)
 _.finish_weight_update  # vLLM's trainer engine calls it (train/nccl_publish.py)
+_._gpus_cover_tp  # pydantic validator (src/rollyard/rollout/config.py)
+_._engines_on_ray  # pydantic validator (src/rollyard/rollout/config.py)
+_._devices  # read by torch's ProcessGroupGloo options (engines/gloo_pair.py)
+_.kill_worker  # the lost-node case of tests/rollout/test_two_nodes.py (rollout/netns.py)

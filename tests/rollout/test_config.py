@@ -143,3 +143,22 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--quick"):
         run_demo(0, tmp_path / "run", True, {}, model="smollm2")
     assert not (tmp_path / "run").exists()
+
+
+def test_engines_go_on_ray_with_an_address_and_their_placement_is_checked() -> None:
+    assert not builtin_config("quick").engines_on_ray
+    assert builtin_config("quick", {"ray.address": "local"}).engines_on_ray
+    assert not builtin_config("quick", {"ray.address": "local", "engine.placement": "local"}).engines_on_ray
+    assert not builtin_config("quick", {"ray.address": "local", "engine.urls": ["http://e:1"]}).engines_on_ray
+    with pytest.raises(ConfigError, match=r"engine\.placement: ray needs ray\.address"):
+        builtin_config("quick", {"engine.placement": "ray"})
+    with pytest.raises(ConfigError, match="gpus_per_engine places engines on Ray"):
+        builtin_config("quick", {"engine.gpus_per_engine": 1})
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 needs engine.gpus_per_engine >= 2"):
+        builtin_config("quick", {"ray.address": "h:6379", "engine.tensor_parallel_size": 2})
+    # memory publishing to engines on other nodes: the trainer's loopback address would not do
+    with pytest.raises(ConfigError, match=r"publish\.host 127\.0\.0\.1 is loopback"):
+        builtin_config("quick", {"ray.address": "h:6379"})
+    ok = {"ray.address": "h:6379", "publish.host": "10.0.0.1", "engine.gpus_per_engine": 2}
+    assert builtin_config("quick", {**ok, "engine.tensor_parallel_size": 2}).engines_on_ray
+    assert builtin_config("quick", {"ray.address": "h:6379", "publish.mode": "disk"}).engines_on_ray

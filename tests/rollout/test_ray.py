@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,3 +59,45 @@ async def test_blackbox_agents_on_ray_workers_reach_their_shard_through_the_node
         t.outcome and t.outcome.details.get("agent_status") in ("exited", "agent_error") for t in trajs
     )
     assert set(Path("/tmp").glob("ry-relay-*")) == relays_before  # the workers closed their relays
+
+
+async def test_engine_as_a_ray_actor_serves_on_its_node_address_and_is_restarted_after_dying(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """``engine.placement: ray``: the launcher's vLLM runs inside an actor, bound to the node's
+    address; when its process dies, the fleet's health check finds it and restarts it there, on
+    the same URL the gateway knows."""
+    pytest.importorskip("ray")
+    import os
+    import signal
+
+    import httpx
+    import ray
+
+    from rollyard.core.engine_key import engine_headers
+    from rollyard.rollout.config import builtin_config
+    from rollyard.rollout.ray_runner import ray_session
+    from rollyard.rollout.services import start_engines
+
+    over = {"model.path": str(tiny_model_dir), "model.create": False, "ray.address": "local"}
+    cfg = builtin_config("quick", {**over, "engine.placement": "ray", "engine.max_model_len": 1024})
+    assert cfg.engines_on_ray
+    with ray_session(cfg, tmp_path):
+        fleet = start_engines(cfg, tmp_path, tiny_model_dir, 0)
+        try:
+            (engine,) = fleet.servers
+            node_ip = ray.util.get_node_ip_address()
+            assert engine.url.startswith(f"http://{node_ip}:") and not node_ip.startswith("127.")
+            assert httpx.get(f"{engine.url}/health", headers=engine_headers()).status_code == 200
+            first = (engine.url, engine.pid)  # type: ignore[attr-defined]
+            os.killpg(first[1], signal.SIGKILL)  # the engine crashes on its node
+            deadline = time.monotonic() + 30
+            while engine.alive() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not engine.alive()
+            assert await fleet.heal() and fleet.restarts == 1
+            assert engine.alive() and engine.url == first[0] and engine.pid != first[1]  # type: ignore[attr-defined]
+            assert httpx.get(f"{engine.url}/health", headers=engine_headers()).status_code == 200
+        finally:
+            fleet.stop()
+        assert not engine.alive()

@@ -4,7 +4,8 @@ Workload: the tiny model (seed 0, random weights; or ``--model smollm2-135m``), 
 G=4, 2 groups per step, 4 steps (2 with --quick), bwrap sandboxes, one local vLLM. Reported:
 agent steps (model turns) per minute, completion tokens per second, the trainer's idle fraction
 (waiting for groups), and the engine's KV-cache usage sampled every 0.5 s. This is the number
-the scheduling work must beat.
+the scheduling work must beat. ``--ray-nodes 2`` runs it on one node and on two namespaced Ray
+nodes instead (``_e2e_nodes``).
 
 The run goes twice on the same engine: publishing in memory (the default, reported above) and
 then by disk (safetensors written and reloaded, the earlier default); the last line adds each
@@ -78,7 +79,11 @@ async def _run(
     return RunDir(root / f"run-{publish}").read_metrics(), kv, wall
 
 
-def main(quick: bool = False, model: str = TINY) -> dict[str, Any]:
+def main(quick: bool = False, model: str = TINY, ray_nodes: int = 1) -> dict[str, Any]:
+    if ray_nodes == 2:  # one node and two namespaced Ray nodes, side by side (``_e2e_nodes``)
+        from rollyard.bench._e2e_nodes import main as on_two_nodes
+
+        return on_two_nodes(quick, model)
     steps = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="rollyard-bench-e2e-") as tmp:
         root = Path(tmp)

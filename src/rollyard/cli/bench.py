@@ -31,6 +31,9 @@ def bench(
     model: str = typer.Option(
         "tiny", help="engine and e2e: the model served, tiny or a pretrained name (smollm2-135m)"
     ),
+    ray_nodes: int = typer.Option(
+        1, "--ray-nodes", min=1, max=2, help="e2e: 2 runs it also on two namespaced Ray nodes, side by side"
+    ),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
     names = available() if name == "all" else [name]
@@ -44,5 +47,8 @@ def bench(
     if model != "tiny" and len(takes_model) < len(modules):
         fixed = ", ".join(m.__name__.rsplit(".", 1)[1] for m in modules if m not in takes_model)
         raise ConfigError(f"--model applies to engine and e2e only; {fixed} serve their own model")
+    if ray_nodes != 1 and names != ["e2e"]:
+        raise ConfigError("--ray-nodes applies to e2e only")
     for m in modules:
-        m.main(quick=quick, **({"model": model} if m in takes_model else {}))
+        extra = {"ray_nodes": ray_nodes} if ray_nodes != 1 else {}
+        m.main(quick=quick, **({"model": model} if m in takes_model else {}), **extra)

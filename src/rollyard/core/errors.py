@@ -137,6 +137,12 @@ class AgentFailed(RollyardError):
     code = "agent_failed"
 
 
+class WorkerLost(RollyardError):
+    """A Ray rollout worker (or its whole node) died under a program: the run stops, to resume."""
+
+    code = "worker_lost"
+
+
 class TaskError(RollyardError):
     """A task directory is missing fields or its setup failed."""
 

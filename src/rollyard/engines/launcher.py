@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import httpx
 
@@ -82,11 +83,32 @@ def has_cuda_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
 
 
+class EngineProcess(Protocol):
+    """What a run starts, health-checks and restarts: a ``VLLMServer`` here, or one on a Ray
+    node (``rollout.ray_engines.RayEngine``)."""
+
+    model_dir: Path
+    weights_version: int
+
+    @property
+    def url(self) -> str: ...
+
+    def start(self) -> EngineProcess: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self, timeout_s: float = 15.0) -> None: ...
+
+    def kill(self, wait: bool = True) -> None: ...
+
+
 class VLLMServer:
     """A local vLLM OpenAI-compatible server; also a context manager.
 
     ``kv_tokens`` caps the KV cache (via a block-count override) so KV pressure is
-    reproducible on a laptop. ``cpu_threads`` pins the engine's OpenMP threads. ``drafting``
+    reproducible on a laptop; on a CUDA host the KV cache is what ``gpu_memory_utilization``
+    leaves instead, the weights are bf16 (fp32 on CPU) and ``tensor_parallel_size`` shards the
+    model (GPU paths untested). ``cpu_threads`` pins the engine's OpenMP threads. ``drafting``
     turns on speculative decoding (``engine.drafting``); ``kv_pool`` a KV pool shared with
     other engines (``engine.kv_pool``), keyed by ``weights_version``.
     """
@@ -98,7 +120,7 @@ class VLLMServer:
         port: int | None = None,
         host: str = "127.0.0.1",
         kv_tokens: int | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,  # None: bfloat16 on a CUDA host, float32 on CPU
         max_model_len: int = 2048,
         served_name: str | None = None,
         log_path: str | Path | None = None,
@@ -109,12 +131,16 @@ class VLLMServer:
         drafting: DraftingConfig | None = None,
         kv_pool: KVPoolConfig | None = None,
         weights_version: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.host = host
         self.port = port
         self.kv_tokens = kv_tokens
-        self.dtype = dtype
+        self.dtype = dtype or ("bfloat16" if has_cuda_gpu() else "float32")
+        self.tensor_parallel_size = tensor_parallel_size
+        self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
         self.served_name = served_name or self.model_dir.name
         self.log_path = Path(log_path) if log_path else None
@@ -151,7 +177,9 @@ class VLLMServer:
             args += ["--worker-extension-cls", "rollyard.engines.vllm_worker_ext.LiveWeightsExtension"]
         else:  # memory publishing on CUDA: vLLM's NCCL weight transfer (train/nccl_publish.py)
             args += ["--weight-transfer-config", '{"backend": "nccl"}']
-        if self.kv_tokens is not None:
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.kv_tokens is not None and not has_cuda_gpu():  # GPU: sized by memory utilization
             if self.kv_tokens <= self.max_model_len:
                 raise ConfigError(
                     f"kv_tokens={self.kv_tokens} must exceed max_model_len={self.max_model_len} "

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from rollyard.engines.gloo_pair import gloo_pair, route_address
+
 _ORIGINAL_DISPATCH: Any = None
 
 
@@ -78,7 +80,7 @@ class LiveWeightsExtension:
         self.rollyard_leave_weight_group()
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, 2, False, timeout=timeout)
-        self._rollyard_pg = dist.ProcessGroupGloo(dist.PrefixStore("rollyard-weights", store), 1, 2, timeout)
+        self._rollyard_pg = gloo_pair(store, 1, timeout, route_address(host))
         self._rollyard_store = store
         return 1
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
+from rollyard.core.net import is_loopback
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.pretrained import PRETRAINED
@@ -64,6 +65,25 @@ class EngineConfig(_Section):
     restart_on_death: bool = True
     drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
     kv_pool: KVPoolConfig = Field(default_factory=KVPoolConfig)  # KV shared by the engines
+    # Where the started engines run: "ray" makes each a Ray actor placed on a node with
+    # ``cpus_per_engine`` / ``gpus_per_engine`` free (``rollout.ray_engines``); "auto": on Ray
+    # when ``ray.address`` is set, else subprocesses of this process.
+    placement: Literal["auto", "local", "ray"] = "auto"
+    cpus_per_engine: float = Field(default=1.0, gt=0)
+    gpus_per_engine: float = Field(default=0.0, ge=0)  # Ray's num_gpus for each engine actor
+    tensor_parallel_size: int = Field(default=1, ge=1)  # vLLM's --tensor-parallel-size (GPU)
+    # On a CUDA host the KV cache is what this fraction of GPU memory leaves (bf16 weights);
+    # ``kv_tokens`` caps it on CPU hosts only.
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _gpus_cover_tp(self) -> EngineConfig:
+        if self.tensor_parallel_size > 1 and self.gpus_per_engine < self.tensor_parallel_size:
+            raise ValueError(
+                f"engine.tensor_parallel_size={self.tensor_parallel_size} needs "
+                f"engine.gpus_per_engine >= {self.tensor_parallel_size} (one GPU per shard)"
+            )
+        return self
 
 
 class SchedulingConfig(_Section):
@@ -333,6 +353,28 @@ class Config(_Section):
         if self.ray.address and (self.sandbox.monitor_tests or self.tasks.perturb.prob > 0):
             raise ValueError("sandbox.monitor_tests and tasks.perturb run with local workers only")
         return self
+
+    @model_validator(mode="after")
+    def _engines_on_ray(self) -> Config:
+        e = self.engine
+        if e.placement == "ray" and not self.ray.address:
+            raise ValueError("engine.placement: ray needs ray.address (or --ray)")
+        if e.gpus_per_engine > 0 and not self.engines_on_ray:
+            raise ValueError("engine.gpus_per_engine places engines on Ray: set ray.address (or --ray)")
+        remote = self.engines_on_ray and self.ray.address != "local"
+        if remote and self.publish.mode == "memory" and is_loopback(self.publish.host):
+            raise ValueError(
+                f"publish.host {self.publish.host} is loopback, but the engines run on Ray nodes: set it "
+                "to an address of this node that they reach (or publish.mode: disk on a shared path)"
+            )
+        return self
+
+    @property
+    def engines_on_ray(self) -> bool:
+        """The run starts its engines as Ray actors (none when it attaches to ``engine.urls``)."""
+        if self.engine.urls or self.engine.placement == "local":
+            return False
+        return self.engine.placement == "ray" or self.ray.address is not None
 
     @model_validator(mode="after")
     def _blackbox_agent(self) -> Config:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollyard.core.clock import Clock, SystemClock
+from rollyard.core.errors import WorkerLost
 from rollyard.core.tables import write_parquet
 from rollyard.rl.buffer.shell import AsyncBuffer
 from rollyard.rollout.collect import GroupRecord, ProgramRunner, run_group, unrecoverable
@@ -108,6 +109,11 @@ class TrainingLoop:
             rec = await run_group(self.svc, self.runner, task, gid, n, run.group_size, run.temperature)
         except asyncio.CancelledError:
             raise
+        except WorkerLost as e:  # a node went: stop the run; the group is re-issued on --resume
+            log.error("group=%s: %s", gid, e.message)
+            if not self._fatal.done():
+                self._fatal.set_exception(e)
+            return False
         except Exception:
             log.exception("group=%s task=%s failed; dropping it", gid, task.id)
             self.s.failures += 1

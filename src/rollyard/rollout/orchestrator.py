@@ -22,6 +22,7 @@ from rollyard.rollout.environment import ProgramEnvironment
 from rollyard.rollout.ledger import GroupLedger
 from rollyard.rollout.loop import LoopState, ProgressFn, TrainingLoop
 from rollyard.rollout.prepare import ensure_model, ensure_tasks
+from rollyard.rollout.ray_runner import ray_session
 from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, make_provider, open_services
 from rollyard.rollout.sft import warm_start
@@ -74,7 +75,7 @@ async def make_runner(cfg: Config, svc: Services, run: RunDir) -> AsyncIterator[
         return
     from rollyard.rollout.ray_runner import RayRunner
 
-    runner = RayRunner(cfg, run.root)
+    runner = RayRunner(cfg)
     try:
         yield runner
     finally:
@@ -167,8 +168,6 @@ async def _train(
         return run.read_metrics()[-1] if run.read_metrics() else {}
     from transformers import AutoTokenizer
 
-    from rollyard.train.publish import WeightPublisher
-
     tokenizer = AutoTokenizer.from_pretrained(start)
     if progress is not None:
         where = "attaching" if cfg.engine.urls else f"starting {cfg.engine.count} vLLM engine(s)"
@@ -176,6 +175,27 @@ async def _train(
     # Memory mode writes no weights: engines start (and restart) on the starting model and are
     # then given the trainer's weights; a resumed run's are sent as its checkpoint's version.
     served = 0 if memory else state.version
+    with ray_session(cfg, run.root):  # engines and rollout workers may be its actors
+        return await _serve_and_loop(
+            cfg, run, trainer, tokenizer, weights, served, train_tasks, held_out, state, progress
+        )
+
+
+async def _serve_and_loop(
+    cfg: Config,
+    run: RunDir,
+    trainer: Any,
+    tokenizer: Any,
+    weights: Path,
+    served: int,
+    train_tasks: list[Task],
+    held_out: list[Task],
+    state: LoopState,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
+    """Engines, gateway and sandboxes up; the publisher joined to the engines; the loop to the end."""
+    from rollyard.train.publish import WeightPublisher
+
     async with open_services(cfg, run.root, weights, served) as svc:
         p = cfg.publish
         publisher = WeightPublisher(

@@ -14,14 +14,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rollyard.agents.blackbox import BlackBoxRunner
 from rollyard.agents.blackbox.relay import NodeRelay
 from rollyard.agents.loop import AgentConfig
+from rollyard.core.errors import WorkerLost
 from rollyard.core.net import is_loopback
 from rollyard.core.program import Program
 from rollyard.rollout.config import Config
@@ -77,6 +80,7 @@ class RolloutWorker:
             )
         finally:
             await sb.close()
+        res.outcome.details["node"] = self.node_ip()  # where the agent and its sandbox ran
         return res.model_dump(mode="json")
 
     async def aclose(self) -> None:
@@ -88,13 +92,58 @@ class RolloutWorker:
 
         return str(ray.get_runtime_context().get_node_id())
 
+    def node_ip(self) -> str:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+
+
+@contextlib.contextmanager
+def ray_session(cfg: Config, run_dir: Path) -> Iterator[None]:
+    """Connect to ``ray.address`` for the whole run (engines and rollout workers are its actors).
+
+    ``local`` starts a private cluster whose session lives in a short temp dir (Ray's socket
+    paths must stay under 107 bytes), named in ``RUN_DIR/logs/ray_temp_dir.txt`` and removed at
+    the end; any other address joins a running cluster. Nothing when the run uses no Ray."""
+    if cfg.ray.address is None:
+        yield
+        return
+    import ray
+
+    if ray.is_initialized():  # a caller's session (tests, benches): theirs to end
+        yield
+        return
+    tmp: Path | None = None
+    if cfg.ray.address == "local":
+        tmp = Path(tempfile.mkdtemp(prefix="ryray-", dir="/tmp"))
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / "ray_temp_dir.txt").write_text(f"{tmp}\n")
+        engines = cfg.engine.count * cfg.engine.cpus_per_engine if cfg.engines_on_ray else 0
+        ray.init(
+            num_cpus=max(2, math.ceil(cfg.ray.workers * cfg.ray.num_cpus_per_worker + engines)),
+            _temp_dir=str(tmp),
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    else:
+        ray.init(address=cfg.ray.address, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
 
 class RayRunner:
-    """``ProgramRunner`` over a set of ``RolloutWorker`` actors, round-robin."""
+    """``ProgramRunner`` over a set of ``RolloutWorker`` actors (inside ``ray_session``), round-robin.
+
+    A worker whose node is lost fails its program with ``WorkerLost``: the run stops with that
+    error (its in-flight groups are re-issued on ``--resume``, none is dropped)."""
 
     remote = True
 
-    def __init__(self, cfg: Config, run_dir: Path) -> None:
+    def __init__(self, cfg: Config) -> None:
         import ray
 
         if cfg.ray.address != "local" and is_loopback(cfg.gateway.host) and not cfg.gateway.advertise:
@@ -103,37 +152,26 @@ class RayRunner:
                 "(bind gateway.host: 0.0.0.0 and set gateway.advertise to this node's address)",
                 cfg.gateway.host,
             )
-        self._owns = False
-        self._tmp: Path | None = None
-        address = cfg.ray.address
-        if not ray.is_initialized():
-            if address == "local":
-                # Ray's socket paths must stay under 107 bytes, so its session lives in a short
-                # temp dir (removed at close); the run dir records where.
-                self._tmp = Path(tempfile.mkdtemp(prefix="ryray-", dir="/tmp"))
-                (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-                (run_dir / "logs" / "ray_temp_dir.txt").write_text(f"{self._tmp}\n")
-                ray.init(
-                    num_cpus=max(2, cfg.ray.workers),
-                    _temp_dir=str(self._tmp),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                )
-            else:
-                ray.init(address=address, log_to_driver=False)
-            self._owns = True
         actor = ray.remote(num_cpus=cfg.ray.num_cpus_per_worker)(RolloutWorker)
         self.workers = [actor.remote(cfg.sandbox.provider) for _ in range(cfg.ray.workers)]
         self._next = itertools.cycle(self.workers)
         self.timeout_s = cfg.agent.timeout_s
-        log.info("ray rollout workers=%d address=%s", len(self.workers), address)
+        log.info("ray rollout workers=%d address=%s", len(self.workers), cfg.ray.address)
 
     async def run(
         self, task: Task, program: Program, base_url: str, agent: AgentConfig | BlackBoxRunner
     ) -> EpisodeResult:
+        import ray
+
         worker = next(self._next)
         sent = agent if isinstance(agent, BlackBoxRunner) else agent.model_dump(mode="json")
-        out = await worker.run.remote(str(task.root), program.api_key, base_url, sent, self.timeout_s)
+        try:
+            out = await worker.run.remote(str(task.root), program.api_key, base_url, sent, self.timeout_s)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerLost(
+                f"the Ray rollout worker running program {program.id} is gone (its node died?): "
+                f"{type(e).__name__}. The run stops; resume it with rollyard train --resume RUN_DIR"
+            ) from None
         return EpisodeResult.model_validate(out)
 
     def nodes(self) -> list[str]:
@@ -147,8 +185,5 @@ class RayRunner:
         with contextlib.suppress(Exception):  # a dead worker has nothing left to close
             ray.get([w.aclose.remote() for w in self.workers], timeout=10)
         for w in self.workers:
-            ray.kill(w)
-        if self._owns:
-            ray.shutdown()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            with contextlib.suppress(Exception):
+                ray.kill(w)

@@ -24,8 +24,9 @@ from rollyard.agents.loop import AgentConfig
 from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
 from rollyard.engines import logprob_mode
 from rollyard.engines.base import EngineStats
+from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster
-from rollyard.engines.launcher import VLLMServer
+from rollyard.engines.launcher import EngineProcess, VLLMServer
 from rollyard.engines.metrics import acceptance
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.rollout.capacity import program_slots
@@ -71,7 +72,7 @@ async def publish_healing(
 class EngineFleet:
     """Local engine processes (may be empty when engines are given by URL) and their backends."""
 
-    servers: list[VLLMServer]
+    servers: list[EngineProcess]
     backends: list[RemoteFenced]
     weights: Path  # what a restarted engine must load
     version: int
@@ -125,7 +126,7 @@ class EngineFleet:
                     b.release()
             return bool(restarted)
 
-    def _restart(self, server: VLLMServer) -> None:
+    def _restart(self, server: EngineProcess) -> None:
         if self.closing:  # teardown began while this thread was being started
             return
         server.start()
@@ -142,7 +143,7 @@ class EngineFleet:
             self.pool_master.stop()
 
 
-def kill_servers(servers: list[VLLMServer]) -> None:
+def kill_servers(servers: list[EngineProcess]) -> None:
     """SIGKILL every engine's process group now, without waiting or logging: the forced-exit
     path (engines run in their own sessions, so they would outlive this process)."""
     for s in list(servers):
@@ -162,12 +163,39 @@ def check_logprob_mode(url: str) -> None:
         log.warning("engine at %s: could not tell its logprob mode; the trainer assumes processed", url)
 
 
+def new_engine(
+    cfg: Config, i: int, run_dir: Path, weights: Path, version: int, pool: KVPoolConfig
+) -> EngineProcess:
+    """Engine ``i``, not started: a subprocess of this process, or a Ray actor on some node."""
+    e = cfg.engine
+    common: dict[str, Any] = dict(
+        kv_tokens=e.kv_tokens,
+        max_model_len=e.max_model_len,
+        served_name="policy",
+        log_path=run_dir / "logs" / f"engine{i}.log",
+        startup_timeout_s=e.startup_timeout_s,
+        extra_args=list(LOGPROBS_OF_SAMPLED),
+        drafting=e.drafting,
+        kv_pool=pool,
+        weights_version=version,
+        tensor_parallel_size=e.tensor_parallel_size,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+    )
+    if cfg.engines_on_ray:
+        from rollyard.rollout.ray_engines import RayEngine
+
+        return RayEngine(
+            weights, name=f"engine{i}", num_cpus=e.cpus_per_engine, num_gpus=e.gpus_per_engine, **common
+        )
+    return VLLMServer(weights, **common)
+
+
 def start_engines(
     cfg: Config,
     run_dir: Path,
     weights: Path,
     version: int,
-    servers: list[VLLMServer] | None = None,
+    servers: list[EngineProcess] | None = None,
     abort: threading.Event | None = None,
 ) -> EngineFleet:
     """Start ``engine.count`` local vLLMs on ``weights`` (or attach to ``engine.urls``).
@@ -190,18 +218,7 @@ def start_engines(
             for i in range(cfg.engine.count):
                 if abort is not None and abort.is_set():
                     raise EngineStartError("engine start-up aborted")
-                server = VLLMServer(
-                    weights,
-                    kv_tokens=cfg.engine.kv_tokens,
-                    max_model_len=cfg.engine.max_model_len,
-                    served_name="policy",
-                    log_path=run_dir / "logs" / f"engine{i}.log",
-                    startup_timeout_s=cfg.engine.startup_timeout_s,
-                    extra_args=list(LOGPROBS_OF_SAMPLED),
-                    drafting=cfg.engine.drafting,
-                    kv_pool=pool,
-                    weights_version=version,
-                )
+                server = new_engine(cfg, i, run_dir, weights, version, pool)
                 servers.append(server)
                 server.start()
                 if abort is not None and abort.is_set():  # the caller gave up during start-up
@@ -280,7 +297,7 @@ class Services:
 async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int) -> AsyncIterator[Services]:
     """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    starting: list[VLLMServer] = []
+    starting: list[EngineProcess] = []
     gateways: list[GatewayServer] = []
 
     def forced_exit() -> None:
@@ -319,7 +336,7 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
 
 
 async def _start_engines(
-    cfg: Config, run_dir: Path, weights: Path, version: int, servers: list[VLLMServer]
+    cfg: Config, run_dir: Path, weights: Path, version: int, servers: list[EngineProcess]
 ) -> EngineFleet:
     """``start_engines`` in a daemon thread: Ctrl-C during the start-up stops waiting at once
     (``asyncio.to_thread`` would hold the exit until the engine is healthy) and stops the

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rollyard.core.errors import TrainError
+from rollyard.engines.gloo_pair import gloo_pair
 
 WeightSource = Callable[[], Iterable[tuple[str, torch.Tensor]]]
 
@@ -97,9 +98,7 @@ class GlooLink:
     def connect(self) -> None:
         if self._store is None:
             raise TrainError("listen before connect")
-        self._pg = dist.ProcessGroupGloo(
-            dist.PrefixStore("rollyard-weights", self._store), 0, 2, self.timeout
-        )
+        self._pg = gloo_pair(self._store, 0, self.timeout, self.host)
 
     @property
     def ready(self) -> bool:
