@@ -10,11 +10,17 @@ not arrived within ``body_timeout_s`` of its headers; answers 431 to headers ove
 ``max_header_bytes``; and closes at once a TCP connection beyond ``max_conns_per_peer`` from one
 address (the sandboxes' unix socket is not capped: every sandbox is the same peer there). The
 application's own time is not limited here (a request waiting for the engine is no slow client).
+A deadline that comes due while the kernel holds bytes the loop has not read yet (a loop late by
+more than the timeout: libuv runs due timers before it reads sockets) is looked at once more
+after the loop has read them, so a stalled loop does not cut off clients that were on time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -22,6 +28,18 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from rollyard.gateway.settings import GatewayLimits
 
 _IDLE, _HEADERS, _BODY, _APP = range(4)
+LATE_LOOK_S = 0.05
+
+
+def _unread_bytes(transport: asyncio.Transport) -> int:
+    """Bytes the kernel holds for this connection that the loop has not read yet (0 if unknown)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -38,9 +56,11 @@ class GuardedProtocol(HttpToolsProtocol):
         self._phase = _IDLE
         self._head_bytes = 0
         self._deadline: asyncio.TimerHandle | None = None
+        self._late_looked = False
         self._peer: str | None = None
 
     def _arm(self, seconds: float) -> None:
+        self._late_looked = False
         if self._deadline is not None:
             self._deadline.cancel()
         self._deadline = self.loop.call_later(seconds, self._too_slow)
@@ -52,8 +72,15 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._deadline = None
-        if self._phase != _APP and not self.transport.is_closing():
-            self.transport.close()
+        if self._phase == _APP or self.transport.is_closing():
+            return
+        if not self._late_looked and _unread_bytes(self.transport):
+            # The bytes came in time, but the loop was late (libuv runs due timers before it
+            # reads sockets): look again once it has read them, before cutting anyone off.
+            self._late_looked = True
+            self._deadline = self.loop.call_later(LATE_LOOK_S, self._too_slow)
+            return
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
