@@ -162,3 +162,40 @@ def test_a_late_loop_does_not_cut_off_a_request_that_arrived_in_time(
         thread.join(10)
         os.close(stall_r)
         os.close(stall_w)
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_memory_goes_back_after_a_surge_of_connections(tok: FastTokenizer, tmp_path: Path) -> None:
+    """2,000 idle partial connections from several addresses, then all closed: the guard's census
+    trims the C heap once the closes settle, and this process's RSS falls back below what it
+    held (without the trim it stays at its high-water mark)."""
+    limits = GatewayLimits(header_timeout_s=60, body_timeout_s=60)
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    port = free_port()
+    config = uvicorn_config(create_app(gw, limits=limits), limits, port=port, log_level="critical")
+    with running(config):
+        census = config.http.census  # the class uvicorn_config made for this server
+        socks = []
+        for i in range(2000):
+            s = socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{2 + i // 500}", 0))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+            socks.append(s)
+        deadline = time.monotonic() + 20
+        while census.open < 2000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert census.open >= 2000, census.open
+        held = _rss_mb()
+        for s in socks:
+            s.close()
+        deadline = time.monotonic() + 20
+        while census.trims == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)  # the trim runs in a worker thread
+        assert census.trims == 1 and census.open <= 5, (census.trims, census.open)
+        assert _rss_mb() < held - 2, (held, _rss_mb())
