@@ -41,11 +41,14 @@ def host_cpu_pressure_s() -> float | None:
     return int(line.rsplit("total=", 1)[1]) / 1e6
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+def memory_mb(pid: int) -> tuple[float, float]:
+    """The process's resident memory and the anonymous part of it (its heap: what it allocated),
+    in MB. Why both: file-backed pages (shared libraries, the mapped tokenizer) leave and come
+    back with the host's reclaim (this machine pages cold memory out, DAMON), so the whole RSS
+    moved by tens of MB in runs where the process allocated nothing."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    kb = [int(fields.get(k, "0 kB").split()[0]) for k in ("VmRSS", "RssAnon")]
+    return kb[0] / 1024, kb[1] / 1024
 
 
 def open_fds(pid: int) -> int:
@@ -90,11 +93,12 @@ class GatewayWatch:
     url: str
     pid: int
     start: float
-    memory: list[tuple[float, float, int]] = field(default_factory=list)
+    memory: list[tuple[float, float, float, int]] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
 
     def sample(self) -> None:
-        self.memory.append((time.perf_counter() - self.start, rss_mb(self.pid), open_fds(self.pid)))
+        rss, anon = memory_mb(self.pid)
+        self.memory.append((time.perf_counter() - self.start, rss, anon, open_fds(self.pid)))
 
     async def sample_until(self, until: float) -> None:
         while time.perf_counter() < until:
@@ -110,30 +114,30 @@ class GatewayWatch:
     def phase_figures(self, warm_from: float) -> dict[str, float]:
         """With four marks (run start, phase start, ramp done, phase end): the loop thread's
         share of a core and the loop lag p99 before the phase and while it held its connections;
-        memory from ``warm_from`` seconds on (``rss_growth``: at the end, after the phase's
-        connections closed; ``rss_growth_slow_held``: the most while they were open)."""
+        memory from ``warm_from`` seconds on, as RSS (``rss_*``) and its anonymous part
+        (``anon_rss_*``): growth at the end, after the phase's connections closed
+        (``*_growth``), and the most while they were open (``*_growth_slow_held``)."""
         warm = [m for m in self.memory if m[0] >= warm_from] or self.memory
-        out: dict[str, float] = {}
-        base = warm[0][1]
-        out["rss_mb_after_warmup"], out["rss_mb_end"] = base, warm[-1][1]
-        out["rss_growth"] = (warm[-1][1] - base) / base if base else 0.0
-        out["gateway_fds_end"] = warm[-1][2]
-        if len(self.marks) != 4:
-            return out
-        m0, m1, m2, m3 = self.marks
-        held = [m for m in self.memory if m2.at - self.start <= m[0] <= m3.at - self.start] or warm
-        before = [m for m in self.memory if m[0] <= m1.at - self.start] or warm
-        peak = max(m[1] for m in held)
-        out.update(
-            {
-                "loop_cpu_share_before_slow": (m1.loop_cpu_s - m0.loop_cpu_s) / (m1.at - m0.at),
-                "loop_cpu_share_during_slow": (m3.loop_cpu_s - m2.loop_cpu_s) / (m3.at - m2.at),
-                "loop_lag_p99_ms_before_slow": 1000 * bucket_quantile(m0.lag, m1.lag, 0.99),
-                "slow_loop_lag_p99_ms": 1000 * bucket_quantile(m2.lag, m3.lag, 0.99),
-                "rss_mb_slow_held": peak,
-                "rss_growth_slow_held": (peak - base) / base if base else 0.0,
-                "gateway_fds_before_slow": before[-1][2],
-                "gateway_fds_slow_held": max(m[2] for m in held),
-            }
-        )
+        out: dict[str, float] = {"gateway_fds_end": warm[-1][3]}
+        held = warm
+        if len(self.marks) == 4:
+            m0, m1, m2, m3 = self.marks
+            held = [m for m in self.memory if m2.at - self.start <= m[0] <= m3.at - self.start] or warm
+            before = [m for m in self.memory if m[0] <= m1.at - self.start] or warm
+            out.update(
+                {
+                    "loop_cpu_share_before_slow": (m1.loop_cpu_s - m0.loop_cpu_s) / (m1.at - m0.at),
+                    "loop_cpu_share_during_slow": (m3.loop_cpu_s - m2.loop_cpu_s) / (m3.at - m2.at),
+                    "loop_lag_p99_ms_before_slow": 1000 * bucket_quantile(m0.lag, m1.lag, 0.99),
+                    "slow_loop_lag_p99_ms": 1000 * bucket_quantile(m2.lag, m3.lag, 0.99),
+                    "gateway_fds_before_slow": before[-1][3],
+                    "gateway_fds_slow_held": max(m[3] for m in held),
+                }
+            )
+        for name, i in (("rss", 1), ("anon_rss", 2)):
+            base, peak = warm[0][i], max(m[i] for m in held)
+            out[f"{name}_mb_after_warmup"], out[f"{name}_mb_end"] = base, warm[-1][i]
+            out[f"{name}_growth"] = (warm[-1][i] - base) / base if base else 0.0
+            out[f"{name}_mb_slow_held"] = peak
+            out[f"{name}_growth_slow_held"] = (peak - base) / base if base else 0.0
         return out

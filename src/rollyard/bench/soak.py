@@ -19,18 +19,19 @@ Reported: requests, errors (a status other than 200, or an error event in a stre
 (a connection closed before any status), latency p50/p99, the gateway's RSS growth after
 warm-up (the first third of the run) to the run's end (``rss_growth``: the slow phase ends a few
 seconds before the load, so its connections are closed by then) and to the most while the
-phase's connections were open (``rss_growth_slow_held``), and ``/health`` p99 while a 10 MB body
-was being refused; the baseline beside it is ``/health`` p99 at other times; from the gateway's
-``/metrics``: programs ended by the idle TTL, engine requests resent after a dropped kept-alive
-connection, engine calls retried, breaker openings, and the p50/p99 of the gateway's event-loop
-lag over the run (``rollyard_gateway_loop_lag_seconds``: a slow ``/health`` with a low loop lag
-is the host or the network, not work on the gateway's loop) and its p99 in the slow phase
-(``slow_loop_lag_p99_ms``, the gateway's own view: the poller's figure also holds its own wait
-for a CPU). The load average is recorded: on the shared 2-core machine the engine, the gateway
-and this client share cores. So is the loop thread's own scheduling
-(``/proc/PID/task/PID/schedstat``): its share of a core, and the share of the run it spent
-runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU pressure (PSI) beside
-it: a loop that waits for a CPU is late whatever its own work.
+phase's connections were open (``rss_growth_slow_held``), the same for the anonymous part of the
+RSS (``anon_rss_*``: the heap, which the host's reclaim of file pages leaves alone), and
+``/health`` p99 while a 10 MB body was being refused; the baseline beside it is ``/health`` p99
+at other times; from the gateway's ``/metrics``: programs ended by the idle TTL, engine requests
+resent after a dropped kept-alive connection, engine calls retried, breaker openings, and the
+p50/p99 of the gateway's event-loop lag over the run (``rollyard_gateway_loop_lag_seconds``: a
+slow ``/health`` with a low loop lag is the host or the network, not work on the gateway's loop)
+and its p99 in the slow phase (``slow_loop_lag_p99_ms``, the gateway's own view: the poller's
+figure also holds its own wait for a CPU). The load average is recorded: on the shared 2-core
+machine the engine, the gateway and this client share cores. So is the loop thread's own
+scheduling (``/proc/PID/task/PID/schedstat``): its share of a core, and the share of the run it
+spent runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU pressure (PSI)
+beside it: a loop that waits for a CPU is late whatever its own work.
 """
 
 from __future__ import annotations
@@ -309,7 +310,9 @@ def main(quick: bool = False) -> dict[str, Any]:
         "p50_ms": res["p50_ms"],
         "p99_ms": res["p99_ms"],
         "rss_growth": res["rss_growth"],
-        "rss_growth_slow_held": res.get("rss_growth_slow_held", 0.0),
+        "rss_growth_slow_held": res["rss_growth_slow_held"],
+        "anon_rss_growth": res["anon_rss_growth"],
+        "anon_rss_growth_slow_held": res["anon_rss_growth_slow_held"],
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
         "slow_conns_held": res["slow_conns_held"],
