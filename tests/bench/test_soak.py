@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rollyard.bench.soak import bucket_quantile
+from rollyard.bench._soak_watch import bucket_quantile
 
 
 def test_a_quantile_comes_from_the_observations_between_two_scrapes_linear_within_its_bucket() -> None:

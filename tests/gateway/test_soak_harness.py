@@ -53,8 +53,18 @@ def test_the_slow_client_phase_holds_partial_connections_beside_the_load(
     assert res["errors"] == 0 and res["resets"] == 0, res
     assert res["slow_conns_target"] == 300 and res["slow_conns_held"] >= 200, res
     assert res["slow_closed_by_gateway"] >= 300, res  # the guard cut each one off at least once
-    # The prober waits on each answer (p99 ~0.2 s quiet, ~0.75 s seen on a loaded CI host), so its
-    # 5 s window holds a handful of probes at least; every one must be answered.
-    assert res["new_conn_probes"] >= 3 and res["new_conn_failures"] == 0, res
+    # A probe every 50 ms over the prober's 5 s window, none waiting for the one before (a
+    # serial prober got 2-4 probes in on a loaded CI host, each answer taking ~1 s); every one
+    # must be answered.
+    assert res["new_conn_probes"] >= 20 and res["new_conn_failures"] == 0, res
     assert res["slow_health_samples"] >= 5 and res["slow_health_p99_ms"] > 0, res
     assert res["loop_cpu_share_during_slow"] > 0 and res["loop_cpu_share_before_slow"] > 0, res
+    # The gateway's own loop lag inside the phase and before it, from its histogram's scrapes.
+    assert res["slow_loop_lag_p99_ms"] > 0 and res["loop_lag_p99_ms_before_slow"] > 0, res
+    assert 0 < res["slow_holder_cpu_share"] < 2, res
+    # Memory while the phase held its connections and at the end, after they closed (here the
+    # gateway is this process, whose descriptors also hold the load's client sockets: the
+    # full bench's separate gateway shows them, 3,535 held -> 533 at the end).
+    assert res["gateway_fds_slow_held"] > 0 and res["gateway_fds_end"] > 0, res
+    assert res["rss_mb_slow_held"] >= res["anon_rss_mb_slow_held"] > 0, res
+    assert res["rss_mb_end"] >= res["anon_rss_mb_end"] > 0, res

@@ -17,16 +17,21 @@ ones (``new_conn_health_p99_ms``). The other ``/health`` figures leave that phas
 
 Reported: requests, errors (a status other than 200, or an error event in a stream), resets
 (a connection closed before any status), latency p50/p99, the gateway's RSS growth after
-warm-up (the first third of the run), and ``/health`` p99 while a 10 MB body was being
-refused; the baseline beside it is ``/health`` p99 at other times; from the gateway's
-``/metrics``: programs ended by the idle TTL, engine requests resent after a dropped kept-alive
-connection, engine calls retried, breaker openings, and the p50/p99 of the gateway's event-loop
-lag over the run (``rollyard_gateway_loop_lag_seconds``: a slow ``/health`` with a low loop lag
-is the host or the network, not work on the gateway's loop). The load average is recorded: on
-the shared 2-core machine the engine, the gateway and this client share cores. So is the loop
-thread's own scheduling (``/proc/PID/task/PID/schedstat``): its share of a core, and the share of
-the run it spent runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU
-pressure (PSI) beside it: a loop that waits for a CPU is late whatever its own work.
+warm-up (the first third of the run) to the run's end (``rss_growth``: the slow phase ends a few
+seconds before the load, so its connections are closed by then) and to the most while the
+phase's connections were open (``rss_growth_slow_held``), the same for the anonymous part of the
+RSS (``anon_rss_*``: the heap, which the host's reclaim of file pages leaves alone), and
+``/health`` p99 while a 10 MB body was being refused; the baseline beside it is ``/health`` p99
+at other times; from the gateway's ``/metrics``: programs ended by the idle TTL, engine requests
+resent after a dropped kept-alive connection, engine calls retried, breaker openings, and the
+p50/p99 of the gateway's event-loop lag over the run (``rollyard_gateway_loop_lag_seconds``: a
+slow ``/health`` with a low loop lag is the host or the network, not work on the gateway's loop)
+and its p99 in the slow phase (``slow_loop_lag_p99_ms``, the gateway's own view: the poller's
+figure also holds its own wait for a CPU). The load average is recorded: on the shared 2-core
+machine the engine, the gateway and this client share cores. So is the loop thread's own
+scheduling (``/proc/PID/task/PID/schedstat``): its share of a core, and the share of the run it
+spent runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU pressure (PSI)
+beside it: a loop that waits for a CPU is late whatever its own work.
 """
 
 from __future__ import annotations
@@ -35,13 +40,11 @@ import asyncio
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import random
 import statistics
 import time
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,9 +52,15 @@ import httpx
 
 from rollyard.bench._gateway_load import _pct
 from rollyard.bench._procs import ADMIN, _engine, _gateway
-from rollyard.bench._prom import histogram_buckets
 from rollyard.bench._report import report
-from rollyard.bench._soak_slow import RAMP_S, fitting_conns, raise_fd_limit, slow_phase
+from rollyard.bench._soak_slow import RAMP_S, child_process, fitting_conns, raise_fd_limit, slow_phase
+from rollyard.bench._soak_watch import (
+    GatewayWatch,
+    bucket_quantile,
+    host_cpu_pressure_s,
+    lag_buckets,
+    schedstat,
+)
 
 PROGRAMS, CONCURRENCY, TURNS = 1000, 256, 3
 ABANDON_EVERY = 10  # every 10th program of a client is never finished
@@ -63,30 +72,6 @@ IDLE_TTL_S = 300
 SLOW_CONNS = 3000  # idle partial connections of the slow-client phase (``_soak_slow``)
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-
-
-def _schedstat(pid: int) -> tuple[float, float, int]:
-    """The gateway's event-loop thread (its main thread): seconds on a CPU, seconds runnable but
-    waiting for one, and how many times it was scheduled (``/proc/PID/task/PID/schedstat``)."""
-    run_ns, wait_ns, slices = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[:3]
-    return int(run_ns) / 1e9, int(wait_ns) / 1e9, int(slices)
-
-
-def _host_cpu_pressure_s() -> float | None:
-    """Seconds in which some task on the host waited for a CPU (PSI ``some`` total); None
-    where the kernel has no pressure stall information."""
-    try:
-        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
-    except OSError:
-        return None
-    return int(line.rsplit("total=", 1)[1]) / 1e6
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _poll_health(url: str, until: float, out: Connection) -> None:
@@ -114,29 +99,6 @@ def _gauges(url: str) -> dict[str, float]:
         k: sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix))
         for k, prefix in names.items()
     }
-
-
-def _lag_buckets(url: str) -> dict[float, float]:
-    """The gateway's loop-lag histogram: upper bound -> cumulative count."""
-    text = httpx.get(f"{url}/metrics", headers={"x-api-key": ADMIN}).text
-    return histogram_buckets(text, "rollyard_gateway_loop_lag_seconds")
-
-
-def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
-    """The ``q`` quantile of what a cumulative histogram observed between two scrapes, linear
-    within its bucket as Prometheus' ``histogram_quantile`` is (the highest finite bound if it
-    falls in +Inf); 0 with no observations."""
-    les = sorted(after)
-    counts = [after[le] - before.get(le, 0.0) for le in les]
-    if not counts or counts[-1] <= 0:
-        return 0.0
-    rank = q * counts[-1]
-    lo, below = 0.0, 0.0
-    for le, n in zip(les, counts, strict=True):
-        if n >= rank:
-            return lo if math.isinf(le) else lo + (le - lo) * (rank - below) / (n - below)
-        lo, below = le, n
-    return lo
 
 
 class Soak:
@@ -213,16 +175,11 @@ class Soak:
                 self.finished += r.status == 200
 
     async def poll_health(self) -> None:
-        """``/health`` every 50 ms from a process of its own: the 256 clients' event loop here
-        would add its own lag to every sample (it did: p99 0.7 s with no big body in flight)."""
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=False)
-        # perf_counter is CLOCK_MONOTONIC on Linux: the child's timestamps are comparable.
-        proc = ctx.Process(target=_poll_health, args=(self.url, self.until, child), daemon=True)
-        proc.start()
-        child.close()
-        self.health = await asyncio.to_thread(parent.recv)
-        await asyncio.to_thread(proc.join, 10)
+        """``/health`` every 50 ms from a process (and session) of its own: the 256 clients'
+        event loop here would add its own lag to every sample (it did: p99 0.7 s with no big
+        body in flight). perf_counter is CLOCK_MONOTONIC on Linux: the child's timestamps are
+        comparable."""
+        self.health = await child_process(_poll_health, self.url, self.until)
 
     async def send_big(self, key: str) -> None:
         blob = json.dumps({"messages": [{"role": "user", "content": "x" * BIG}]}).encode()
@@ -263,42 +220,33 @@ async def _run(
         t = time.perf_counter()
         progs = [await soak.new_program() for _ in range(programs)]
         register_s = time.perf_counter() - t
-        lag0 = await asyncio.to_thread(_lag_buckets, url)
-        sched0, psi0 = _schedstat(pid), _host_cpu_pressure_s()
+        lag0 = await asyncio.to_thread(lag_buckets, url)
+        sched0, psi0 = schedstat(pid), host_cpu_pressure_s()
         start = time.perf_counter()
         soak.until = start + seconds
         share = [progs[i::concurrency] for i in range(concurrency)]
-        rss: list[tuple[float, float]] = []
-
-        async def sample_rss() -> None:
-            while time.perf_counter() < soak.until:
-                rss.append((time.perf_counter() - start, _rss_mb(pid)))
-                await asyncio.sleep(1.0)
-
-        # The slow-client phase: the second half of the run, beside the same load.
-        slow_window = (start + seconds / 2, soak.until - 1.0) if slow_conns else (math.inf, math.inf)
+        watch = GatewayWatch(url, pid, start)
+        # The slow-client phase: the second half of the run, beside the same load, ending
+        # SETTLE_S before the load does, so the last memory sample comes after its connections
+        # closed (the run's open descriptors show they had).
+        settle = max(1.0, seconds / 20)
+        slow_window = (start + seconds / 2, soak.until - settle) if slow_conns else (math.inf, math.inf)
         phase = slow_phase(url, slow_conns, *slow_window) if slow_conns else asyncio.sleep(0, {})
-        marks: list[tuple[float, float]] = []  # (at, loop thread CPU seconds) at the phase's edges
-
-        async def mark_phase() -> None:
-            for at in (start, slow_window[0], slow_window[0] + RAMP_S, slow_window[1]) if slow_conns else ():
-                await asyncio.sleep(max(0.0, at - time.perf_counter()))
-                marks.append((time.perf_counter(), _schedstat(pid)[0]))
-
+        edges = (start, slow_window[0], slow_window[0] + RAMP_S, slow_window[1]) if slow_conns else ()
         *_, slow = await asyncio.gather(
-            mark_phase(),
+            watch.mark(edges),
             *(soak.client(share[i]) for i in range(concurrency)),
             soak.poll_health(),
             soak.send_big(progs[0][1]),
-            sample_rss(),
+            watch.sample_until(soak.until),
             phase,
         )
         wall = time.perf_counter() - start
-        sched1, psi1 = _schedstat(pid), _host_cpu_pressure_s()
+        watch.sample()  # the load is over; the phase's connections closed SETTLE_S ago
+        sched1, psi1 = schedstat(pid), host_cpu_pressure_s()
     ran_s, waited_s, slices = (b - a for a, b in zip(sched0, sched1, strict=True))
     gauges = await asyncio.to_thread(_gauges, url)
-    lag = await asyncio.to_thread(_lag_buckets, url)
-    warm = [m for at, m in rss if at >= seconds / 3] or [m for _, m in rss]
+    lag = await asyncio.to_thread(lag_buckets, url)
     in_slow = [slow_window[0] + RAMP_S <= at <= slow_window[1] for at, _ in soak.health]
     big = [any(a <= at <= b for a, b in soak.big_windows) for at, _ in soak.health]
     during = [d for (_, d), b, s in zip(soak.health, big, in_slow, strict=True) if b and not s]
@@ -312,26 +260,16 @@ async def _run(
         "p50_ms": 1000 * statistics.median(soak.lat) if soak.lat else 0.0,
         "p99_ms": 1000 * _pct(soak.lat, 0.99) if soak.lat else 0.0,
         "req_per_s": len(soak.lat) / wall,
-        "rss_mb_after_warmup": warm[0],
-        "rss_mb_end": warm[-1],
-        "rss_growth": (warm[-1] - warm[0]) / warm[0] if warm[0] else 0.0,
-        "rss_mb_series": rss,
+        # Memory after warm-up (the first third): at the end (the phase's connections closed)
+        # and the most while they were open; the loop before and during the phase (_soak_watch).
+        **watch.phase_figures(warm_from=seconds / 3),
+        "rss_mb_series": watch.memory,
         "health_p99_ms_during_big": 1000 * _pct(during, 0.99) if during else 0.0,
         "health_p99_ms_other": 1000 * _pct(other, 0.99) if other else 0.0,
         "health_samples_during_big": len(during),
         # The slow-client phase (``_soak_slow``): /health on the poller's kept-alive connection.
         "slow_health_p99_ms": 1000 * _pct(slow_health, 0.99) if slow_health else 0.0,
         "slow_health_samples": len(slow_health),
-        # The gateway loop thread's share of a core before the phase and while it held its
-        # connections (after the ramp): what thousands of idle connections cost the gateway.
-        **(
-            {
-                "loop_cpu_share_before_slow": (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]),
-                "loop_cpu_share_during_slow": (marks[3][1] - marks[2][1]) / (marks[3][0] - marks[2][0]),
-            }
-            if len(marks) == 4
-            else {}
-        ),
         **slow,
         "big_bodies_refused": soak.big_refused,
         "big_bodies_sent": len(soak.big_windows),
@@ -372,12 +310,16 @@ def main(quick: bool = False) -> dict[str, Any]:
         "p50_ms": res["p50_ms"],
         "p99_ms": res["p99_ms"],
         "rss_growth": res["rss_growth"],
+        "rss_growth_slow_held": res["rss_growth_slow_held"],
+        "anon_rss_growth": res["anon_rss_growth"],
+        "anon_rss_growth_slow_held": res["anon_rss_growth_slow_held"],
         "health_p99_ms": res["health_p99_ms_during_big"],
         "health_p99_ms_other": res["health_p99_ms_other"],
         "slow_conns_held": res["slow_conns_held"],
         "new_conn_failures": res["new_conn_failures"],
         "slow_health_p99_ms": res["slow_health_p99_ms"],
         "new_conn_health_p99_ms": res["new_conn_health_p99_ms"],
+        "slow_loop_lag_p99_ms": res.get("slow_loop_lag_p99_ms", 0.0),
         "loop_lag_p99_ms": res["loop_lag_p99_ms"],
         "loop_runq_wait": res["loop_thread_runq_wait_share"],
         "load1": res["loadavg_after"][0],
