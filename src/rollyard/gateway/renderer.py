@@ -238,6 +238,8 @@ class Renderer:
             return "history_shortened"
         for i in range(n):
             sent, kept = msgs[i], state.messages[i]
+            if sent is kept:  # the previous body's own message, reused (body_prefix)
+                continue
             same = sent.content == kept.content and sent.role == kept.role
             if same and not sent.tool_calls and not kept.tool_calls:
                 continue  # equal canonical forms, without making the request's (most of a history)

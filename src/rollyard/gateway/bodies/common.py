@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Strict
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Strict
 from typing_extensions import TypedDict
 
 # Scalars are strict, as the APIs imitated are: ``"8"`` is no integer, ``"yes"`` or ``1`` no
@@ -66,9 +66,27 @@ class Body(BaseModel):
     """A top-level request body: unknown fields are kept (then recorded by name only)."""
 
     model_config = ConfigDict(extra="allow")
+    # (the prefix of the program's previous body this one extended, the prefix it leaves):
+    # ``gateway.body_prefix``, set by the model route
+    _prefixes: tuple[Any, Any] = PrivateAttr(default=(None, None))
 
     def unknown_fields(self) -> list[str]:
         return bounded_names(self.model_extra or {})
+
+    def set_prefixes(self, known: Any, made: Any) -> None:
+        self._prefixes = (known, made)
+
+    def parsed_messages(self, parse: Callable[[list[Any], int], list[Any]]) -> list[Any]:
+        """``parse(messages, first_index)`` of the body's messages, those of the prefix it extends
+        taken as they were made for the previous body (the same objects: a frozen message is
+        compared with the conversation's by identity first); the result is kept for the next."""
+        messages: list[Any] = getattr(self, "messages", [])
+        known, made = self._prefixes
+        n = len(known.messages) if known is not None and known.parsed is not None else 0
+        out = known.parsed + parse(messages[n:], n) if n else parse(messages, 0)
+        if made is not None:
+            made.parsed = out
+        return out
 
 
 def tag(key: str, default: str | None = None, known: Iterable[str] = (), other: str | None = None) -> Any:
