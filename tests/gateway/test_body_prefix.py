@@ -205,3 +205,24 @@ def test_no_prefix_for_a_body_whose_messages_cannot_be_located(model: type) -> N
     ok = json.dumps({"model": "m", "messages": msgs, "max_tokens": 3}).encode()
     known = remember(ok, model, msgs)
     assert known is not None and known.prefix == ok[: ok.index(b"}]") + 1]
+
+
+def test_an_anthropic_body_reuses_the_known_messages_too(client: TestClient) -> None:
+    p = new_program(client)
+    headers = {"x-api-key": p["api_key"], "anthropic-version": "2023-06-01"}
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+
+    def turn() -> None:
+        body = {"model": "tiny", "system": "be brief", "max_tokens": 16, "messages": msgs}
+        r = client.post("/v1/messages", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        msgs.append({"role": "assistant", "content": r.json()["content"]})
+
+    turn()
+    first = gw.conversations[p["id"]]
+    msgs.append({"role": "user", "content": [{"type": "text", "text": "again"}]})
+    turn()
+    second = gw.conversations[p["id"]]
+    assert second.segment == first.segment
+    assert second.messages[1] is first.messages[1]  # the user message, after the system prompt
