@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rollyard.gateway.bodies import ChatCompletionBody, MessagesBody
-from rollyard.gateway.body_prefix import advance, extend, remember
+from rollyard.gateway.body_prefix import BodyPrefix, Seen, advance, extend, remember
 from rollyard.gateway.limits import strict_json
 
 from .conftest import new_program
@@ -125,7 +125,7 @@ def test_the_short_path_gives_the_full_parse_or_declines(
     messages = list(first)
     raw = dumps(head, messages, tail, how)
     whole = full(raw, model)
-    known = remember(raw, model, whole.messages) if not isinstance(whole, (str, tuple)) else None
+    known: Any = Seen(model, raw, whole.messages) if not isinstance(whole, (str, tuple)) else None
     for change, new, new_tail in turns:
         messages = messages + new
         body_tail = tail
@@ -152,8 +152,8 @@ def test_the_short_path_gives_the_full_parse_or_declines(
         else:
             if got == "declined_to_full":
                 assert isinstance(whole, tuple), raw  # a validation error: the full path's own
-            known = remember(raw, model, whole.messages) if not isinstance(whole, (str, tuple)) else None
-        if known is not None:
+            known = Seen(model, raw, whole.messages) if not isinstance(whole, (str, tuple)) else None
+        if isinstance(known, BodyPrefix):
             assert raw.startswith(known.prefix)
             assert len(known.messages) == len(whole.messages)
 
@@ -211,7 +211,7 @@ def test_an_anthropic_body_reuses_the_known_messages_too(client: TestClient) -> 
     p = new_program(client)
     headers = {"x-api-key": p["api_key"], "anthropic-version": "2023-06-01"}
     gw = client.app.state.gateway  # type: ignore[attr-defined]
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "fix the failing test in tests/test_io.py"}]
 
     def turn() -> None:
         body = {"model": "tiny", "system": "be brief", "max_tokens": 16, "messages": msgs}

@@ -52,6 +52,24 @@ class BodyPrefix:
 
 
 @dataclass
+class Seen:
+    """A body that parsed in full, its prefix not located yet: that is done (``remember``) when
+    the program's next body starts as this one does (most bodies that are not extended, such
+    as one-message chats, are then never scanned twice)."""
+
+    model: type
+    raw: bytes
+    messages: list[Any]
+    parsed: list[Any] | None = None
+
+
+# The next body must repeat this many bytes after the key ``"messages"`` before the previous
+# one is scanned: a body that differs there shares no whole message with it (one that extends a
+# shorter history takes the full path once; nothing but time depends on it).
+GATE_BYTES = 64
+
+
+@dataclass
 class Extension:
     """A body parsed past a ``BodyPrefix``: the fields to validate (only the new messages)."""
 
@@ -129,10 +147,25 @@ def remember(raw: bytes, model: type, messages: list[Any]) -> BodyPrefix | None:
     return None
 
 
-def extend(raw: bytes, known: BodyPrefix | None, model: type, max_objects: int) -> Extension | None:
-    """``raw`` parsed past ``known`` when it starts with its prefix; None: take the full path."""
-    if known is None or known.model is not model or not raw.startswith(known.prefix):
+def _located(seen: Seen, raw: bytes) -> BodyPrefix | None:
+    """``seen``'s prefix, if ``raw`` may extend it (see ``GATE_BYTES``)."""
+    at = seen.raw.find(b'"messages"')
+    if at < 0 or not raw.startswith(seen.raw[: at + GATE_BYTES]):
         return None
+    made = remember(seen.raw, seen.model, seen.messages)
+    if made is not None:
+        made.parsed = seen.parsed
+    return made
+
+
+def extend(raw: bytes, known: BodyPrefix | Seen | None, model: type, max_objects: int) -> Extension | None:
+    """``raw`` parsed past ``known`` when it starts with its prefix; None: take the full path."""
+    if known is None or known.model is not model:
+        return None
+    located = _located(known, raw) if isinstance(known, Seen) else known
+    if located is None or not raw.startswith(located.prefix):
+        return None
+    known = located
     rest = raw[len(known.prefix) :]
     if known.objects + rest.count(b"{") + rest.count(b"[") > max_objects:
         return None  # the full path refuses it, with its count

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from rollyard.core.errors import InvalidRequest
 from rollyard.gateway.bodies.common import Body
-from rollyard.gateway.body_prefix import BodyPrefix, Extension, advance, extend, remember
+from rollyard.gateway.body_prefix import BodyPrefix, Extension, Seen, advance, extend
 from rollyard.gateway.edge import FastJSONResponse, api_key, caller
 from rollyard.gateway.limits import strict_json
 
@@ -113,12 +113,19 @@ def _validated_extension(model: type[BaseModel], ext: Extension, raw: bytes) -> 
 
 
 def _remember(
-    raw: bytes, body: BaseModel, ext: Extension | None, prefixes: dict[str, BodyPrefix], program_id: str
+    raw: bytes,
+    body: BaseModel,
+    ext: Extension | None,
+    prefixes: dict[str, BodyPrefix | Seen],
+    program_id: str,
 ) -> None:
-    """Keep this body's prefix for the program's next one, and hand the body the known one (its
-    dialect reuses the messages it made of it)."""
+    """Keep this body (its prefix once an extended one, else the body to locate it in when the
+    next one comes) for the program's next, and hand the body the known prefix (its dialect
+    reuses the messages it made of it)."""
     messages = body.messages  # type: ignore[attr-defined]
-    made = remember(raw, type(body), messages) if ext is None else advance(ext, messages)
+    made: BodyPrefix | Seen | None = (
+        Seen(type(body), raw, messages) if ext is None else advance(ext, messages)
+    )
     if made is None:
         prefixes.pop(program_id, None)
     else:

@@ -19,7 +19,7 @@ from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Outcome
 from rollyard.engines.base import Completion
-from rollyard.gateway.body_prefix import BodyPrefix
+from rollyard.gateway.body_prefix import BodyPrefix, Seen
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
 from rollyard.gateway.metrics import GatewayMetrics
@@ -62,7 +62,7 @@ class Gateway:
         self.conversations: dict[str, ConversationState] = journal.load_conversations(only=live)
         self._locks: dict[str, asyncio.Lock] = {}
         # each program's last chat body, so the next is parsed from where it differs
-        self.body_prefixes: dict[str, BodyPrefix] = {}
+        self.body_prefixes: dict[str, BodyPrefix | Seen] = {}
         programs.on_create(
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
