@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from rollyard.core.errors import InvalidRequest
+from rollyard.core.program import Program
 from rollyard.gateway.bodies.common import Body
 from rollyard.gateway.body_prefix import BodyPrefix, Extension, Seen, advance, extend
 from rollyard.gateway.edge import FastJSONResponse, api_key, caller
@@ -117,7 +118,7 @@ def _remember(
     body: BaseModel,
     ext: Extension | None,
     prefixes: dict[str, BodyPrefix | Seen],
-    program_id: str,
+    program: Program,
 ) -> None:
     """Keep this body (its prefix once an extended one, else the body to locate it in when the
     next one comes) for the program's next, and hand the body the known prefix (its dialect
@@ -126,10 +127,10 @@ def _remember(
     made: BodyPrefix | Seen | None = (
         Seen(type(body), raw, messages) if ext is None else advance(ext, messages)
     )
-    if made is None:
-        prefixes.pop(program_id, None)
+    if made is None or program.state.is_over:  # a finished program's state is freed, not kept
+        prefixes.pop(program.id, None)
     else:
-        prefixes[program_id] = made
+        prefixes[program.id] = made
     if isinstance(body, Body):
         body.set_prefixes(None if ext is None else ext.known, made)
 
@@ -158,7 +159,7 @@ class ModelRoute(APIRoute):
             program = await caller(request)
             body = _validated(model, data) if ext is None else _validated_extension(model, ext, raw)
             if chat:
-                _remember(raw, body, ext, state.gateway.body_prefixes, program.id)
+                _remember(raw, body, ext, state.gateway.body_prefixes, program)
             out = await endpoint(body, request, program)
             return out if isinstance(out, Response) else FastJSONResponse(out)
 
