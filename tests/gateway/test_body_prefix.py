@@ -226,3 +226,27 @@ def test_an_anthropic_body_reuses_the_known_messages_too(client: TestClient) -> 
     second = gw.conversations[p["id"]]
     assert second.segment == first.segment
     assert second.messages[1] is first.messages[1]  # the user message, after the system prompt
+
+
+def test_the_short_path_fires_behind_a_real_server(client: TestClient) -> None:
+    """Through uvicorn (each request a task of its own, the model endpoints' short way in)."""
+    import httpx
+
+    from .conftest import serving
+
+    p = new_program(client)
+    gw = client.app.state.gateway  # type: ignore[attr-defined]
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "fix the failing test in tests/test_io.py"}]
+    states = []
+    with serving(client.app) as url:
+        for text in ("again", "and again"):
+            body = {"model": "tiny", "messages": msgs}
+            r = httpx.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {p['api_key']}"}
+            )
+            assert r.status_code == 200, r.text
+            msgs += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}]
+            msgs += [{"role": "user", "content": text}]
+            states.append(gw.conversations[p["id"]])
+    assert states[1].segment == states[0].segment
+    assert states[1].messages[0] is states[0].messages[0]
