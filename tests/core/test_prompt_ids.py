@@ -55,3 +55,13 @@ def test_only_what_follows_the_checked_prefix_is_checked_again() -> None:
     assert turn.prompt_ids == [1, 2, 3, 4]
     assert json.loads(turn.model_dump_json())["prompt_ids"] == [1, 2, 3, 4]
     assert ok.unchecked() == [4]
+
+
+def test_shared_ids_are_one_object_per_id_and_keep_their_values() -> None:
+    from rollyard.core.prompt_ids import shared_ids
+
+    a = shared_ids([int("70000"), 5, int("1000")])
+    b = shared_ids(iter([int("1000"), int("70000")]))
+    assert a == [70000, 5, 1000] and b == [1000, 70000]
+    assert a[0] is b[1] and a[2] is b[0]  # the same object, wherever the ids came from
+    assert shared_ids([-1, 3]) == [-1, 3] and shared_ids([]) == [] and shared_ids([2**31]) == [2**31]

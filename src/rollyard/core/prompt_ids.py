@@ -36,7 +36,7 @@ class PromptIds(list[int]):
         """``prompt + completion`` of a recorded turn, to be extended by the next prompt: what
         ``prompt`` knew of its JSON is kept, and all of it counts as checked."""
         ids = cls(prompt)
-        ids += completion
+        ids += shared_ids(completion)
         if isinstance(prompt, PromptIds):
             ids._json, ids.json_len = prompt._json, prompt.json_len
         ids.checked = len(ids)
@@ -45,6 +45,37 @@ class PromptIds(list[int]):
     def unchecked(self) -> list[int]:
         """The ids after the checked prefix."""
         return self[self.checked :] if self.checked else self
+
+
+# One int object per token id, shared by every conversation's lists (grown to the largest id
+# seen). Why: a conversation's ids otherwise point at int objects allocated turn by turn all over
+# the heap, and every turn copies its history's list (an incref per id) and frees the previous
+# one (a decref per id); at 64 conversations of 30k tokens those cache misses cost ~0.7 ms a
+# turn against ~0.2 ms with shared ids (measured), and 32 bytes an id of memory.
+_SHARED: list[int] = list(range(1 << 16))
+MAX_SHARED_ID = (1 << 20) - 1  # the largest vocabularies have ~260k ids
+
+
+def shared_ids(ids: Iterable[int]) -> list[int]:
+    """``ids`` as a list of the shared int objects (a list with an id outside any vocabulary's
+    range, ``0 .. MAX_SHARED_ID``, is copied as it is)."""
+    ids = ids if isinstance(ids, list) else list(ids)
+    if not ids:
+        return []
+    table, top = _SHARED, max(ids)
+    if min(ids) < 0 or top > MAX_SHARED_ID:
+        return list(ids)
+    if top >= len(table):
+        table = _grow(top)
+    return list(map(table.__getitem__, ids))
+
+
+def _grow(top: int) -> list[int]:
+    global _SHARED
+    table = _SHARED
+    bigger = table + list(range(len(table), min(max(top + 1, 2 * len(table)), MAX_SHARED_ID + 1)))
+    _SHARED = bigger  # one assignment: a thread reading the old table still reads valid ints
+    return bigger
 
 
 def ids_json(ids: list[int]) -> bytes:

@@ -21,7 +21,10 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
 from rollyard.core.errors import InvalidRequest
-from rollyard.gateway.edge import FastJSONResponse, caller
+from rollyard.core.program import Program
+from rollyard.gateway.bodies.common import Body
+from rollyard.gateway.body_prefix import BodyPrefix, Extension, Seen, advance, extend
+from rollyard.gateway.edge import FastJSONResponse, api_key, caller
 from rollyard.gateway.limits import strict_json
 
 
@@ -67,6 +70,71 @@ def check_objects(raw: bytes, limit: int) -> None:
         )
 
 
+def _parsed(raw: bytes, max_objects: int) -> Any:
+    """The whole body's JSON, counted first. Strict JSON: invalid UTF-8, lone surrogates,
+    NaN/Infinity and numbers out of range are refused here."""
+    check_objects(raw, max_objects)
+    try:
+        return strict_json(raw)
+    except ValueError as e:  # the parser's reason, as FastAPI's own json_invalid carries it
+        err = {
+            "type": "json_invalid",
+            "loc": ("body", 0),
+            "msg": "JSON decode error",
+            "ctx": {"error": str(e)},
+        }
+        raise RequestValidationError([err]) from None
+
+
+def _validated(model: type[BaseModel], data: Any) -> BaseModel:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _invalid(e) from None
+
+
+def _extension(raw: bytes, request: Request, model: type[BaseModel], max_objects: int) -> Extension | None:
+    """The body parsed past its program's previous one, when it extends it (a hint looked up by
+    the key shown: the request is authenticated after, as on the full path)."""
+    key = api_key(request)
+    gw = request.app.state.gateway
+    pid = gw.programs.id_for_key(key) if key else None
+    return None if pid is None else extend(raw, gw.body_prefixes.get(pid), model, max_objects)
+
+
+def _validated_extension(model: type[BaseModel], ext: Extension, raw: bytes) -> BaseModel:
+    """Only the new messages (and the other fields) validated; the known ones put before them.
+    Invalid: the whole body is validated, for the error a full parse gives (its locations)."""
+    try:
+        body = model.model_validate(ext.data)
+    except ValidationError:
+        return _validated(model, strict_json(raw))
+    body.messages = ext.known.messages + body.messages  # type: ignore[attr-defined]
+    return body
+
+
+def _remember(
+    raw: bytes,
+    body: BaseModel,
+    ext: Extension | None,
+    prefixes: dict[str, BodyPrefix | Seen],
+    program: Program,
+) -> None:
+    """Keep this body (its prefix once an extended one, else the body to locate it in when the
+    next one comes) for the program's next, and hand the body the known prefix (its dialect
+    reuses the messages it made of it)."""
+    messages = body.messages  # type: ignore[attr-defined]
+    made: BodyPrefix | Seen | None = (
+        Seen(type(body), raw, messages) if ext is None else advance(ext, messages)
+    )
+    if made is None or program.state.is_over:  # a finished program's state is freed, not kept
+        prefixes.pop(program.id, None)
+    else:
+        prefixes[program.id] = made
+    if isinstance(body, Body):
+        body.set_prefixes(None if ext is None else ext.known, made)
+
+
 class ModelRoute(APIRoute):
     """A model endpoint: body parsed strictly from bytes, caller authenticated, endpoint called.
 
@@ -81,26 +149,17 @@ class ModelRoute(APIRoute):
         if calls != [caller]:  # the lean path runs `caller` and nothing else
             raise TypeError(f"{endpoint.__name__}: a model endpoint depends on `caller` only, not {calls}")
 
+        chat = "messages" in model.model_fields  # bodies that resend a growing history
+
         async def handle(request: Request) -> Response:
             raw = await request.body()
-            check_objects(raw, request.app.state.limits.max_body_objects)
-            try:
-                # Strict JSON: invalid UTF-8, lone surrogates, NaN/Infinity and numbers out of
-                # range are refused here.
-                data = strict_json(raw)
-            except ValueError as e:  # the parser's reason, as FastAPI's own json_invalid carries it
-                err = {
-                    "type": "json_invalid",
-                    "loc": ("body", 0),
-                    "msg": "JSON decode error",
-                    "ctx": {"error": str(e)},
-                }
-                raise RequestValidationError([err]) from None
+            state = request.app.state
+            ext = _extension(raw, request, model, state.limits.max_body_objects) if chat else None
+            data = _parsed(raw, state.limits.max_body_objects) if ext is None else None
             program = await caller(request)
-            try:
-                body = model.model_validate(data)
-            except ValidationError as e:
-                raise _invalid(e) from None
+            body = _validated(model, data) if ext is None else _validated_extension(model, ext, raw)
+            if chat:
+                _remember(raw, body, ext, state.gateway.body_prefixes, program)
             out = await endpoint(body, request, program)
             return out if isinstance(out, Response) else FastJSONResponse(out)
 

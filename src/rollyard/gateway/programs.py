@@ -85,6 +85,11 @@ class ProgramTable:
     def is_admin(self, key: str | None) -> bool:
         return bool(key) and keys_equal(key or "", self._admin)
 
+    def id_for_key(self, key: str) -> str | None:
+        """The id of the program whose key this may be, without authenticating it (a hint: the
+        request is authenticated as usual before anything is done for it)."""
+        return self._by_key.get(_digest(key))
+
     def require_admin(self, key: str | None) -> None:
         if not key:
             raise AuthError("missing admin token (Authorization: Bearer ... or x-api-key)")

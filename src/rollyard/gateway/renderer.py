@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollyard.core.errors import ContextLengthExceeded
-from rollyard.core.prompt_ids import PromptIds
+from rollyard.core.prompt_ids import PromptIds, shared_ids
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
@@ -82,8 +82,8 @@ class ConversationState:
             messages=[_msg_from(m) for m in d["messages"]],
             tools_key=d["tools_key"],
             returned=_msg_from(d["returned"]),
-            prompt_ids=list(d.get("prompt_ids", prompt_ids)),
-            completion_ids=list(d.get("completion_ids", completion_ids)),
+            prompt_ids=shared_ids(d.get("prompt_ids", prompt_ids)),
+            completion_ids=shared_ids(d.get("completion_ids", completion_ids)),
             turn_index=int(d["turn_index"]),
             segment=int(d["segment"]),
             response_id=d.get("response_id", ""),
@@ -145,7 +145,7 @@ class Renderer:
     def __init__(self, tokenizer: Tokenizer, offload_chars: int = OFFLOAD_CHARS) -> None:
         self.tok = tokenizer
         self.offload_chars = offload_chars
-        self.gen_prompt_ids = tokenizer.encode(ct.render_generation_prompt())
+        self.gen_prompt_ids = shared_ids(tokenizer.encode(ct.render_generation_prompt()))
         # First messages (system prompt + tools block) repeat across a task's programs and are
         # often the longest text in a request: their ids are kept, keyed by the rendered text.
         self._first_ids = functools.lru_cache(maxsize=_FIRST_CACHE_SIZE)(
@@ -156,8 +156,8 @@ class Renderer:
         tpl_tools = [t.to_template() for t in tools] or None
         text = ct.render_message(message.to_template(), tpl_tools, first=first)
         if not first or len(text) > _FIRST_CACHE_MAX_CHARS:  # the cache is bounded in bytes too
-            return self.tok.encode(text)
-        return list(self._first_ids(text))  # a fresh list: callers extend it in place
+            return shared_ids(self.tok.encode(text))
+        return shared_ids(self._first_ids(text))  # a fresh list: callers extend it in place
 
     def render_fresh(self, request: ChatRequest) -> list[int]:
         msgs = list(request.messages)
@@ -238,6 +238,8 @@ class Renderer:
             return "history_shortened"
         for i in range(n):
             sent, kept = msgs[i], state.messages[i]
+            if sent is kept:  # the previous body's own message, reused (body_prefix)
+                continue
             same = sent.content == kept.content and sent.role == kept.role
             if same and not sent.tool_calls and not kept.tool_calls:
                 continue  # equal canonical forms, without making the request's (most of a history)

@@ -72,10 +72,15 @@ def _assistant(blocks: list[Block], where: str) -> Message:
 
 
 def parse_messages(body: MessagesBody) -> list[Message]:
+    """The system prompt, then the messages (those of the prefix the body extends are the
+    previous body's own: ``Body.parsed_messages``)."""
+    system = [Message("system", text_of(body.system, "system"))] if body.system else []
+    return system + body.parsed_messages(_parse_raw)
+
+
+def _parse_raw(raw: list[Any], start: int) -> list[Message]:
     out: list[Message] = []
-    if body.system:
-        out.append(Message("system", text_of(body.system, "system")))
-    for i, m in enumerate(body.messages):
+    for i, m in enumerate(raw, start):
         where = f"messages[{i}].content"
         blocks: list[Block] = (
             [TextBlock(type="text", text=content)] if isinstance(content := m["content"], str) else content

@@ -31,9 +31,10 @@ router = APIRouter(route_class=ModelRoute)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-def parse_messages(raw: list[ChatMessage]) -> list[Message]:
+def parse_messages(raw: list[ChatMessage], start: int = 0) -> list[Message]:
+    """``raw`` as messages; ``start``: the index of the first in the body (for errors)."""
     out = []
-    for i, m in enumerate(raw):  # once per message of the whole history, every turn: kept lean
+    for i, m in enumerate(raw, start):  # once per new message each turn (body_prefix): kept lean
         content = m.get("content")
         if not isinstance(content, str):
             content = text_of(content, f"messages[{i}].content")
@@ -68,7 +69,7 @@ def to_request(body: ChatCompletionBody) -> ChatRequest:
     if body.n not in (None, 1):
         raise InvalidRequest("n > 1 is not supported; send n separate requests")
     req = ChatRequest(
-        messages=parse_messages(body.messages),
+        messages=body.parsed_messages(parse_messages),
         tools=parse_tools(body.tools),
         max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature,

@@ -19,6 +19,7 @@ from rollyard.core.program import Program, ProgramPhase, ProgramState
 from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import Outcome
 from rollyard.engines.base import Completion
+from rollyard.gateway.body_prefix import BodyPrefix, Seen
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
 from rollyard.gateway.metrics import GatewayMetrics
@@ -60,6 +61,8 @@ class Gateway:
         live = {p.id for p in programs.all() if not p.state.is_over}
         self.conversations: dict[str, ConversationState] = journal.load_conversations(only=live)
         self._locks: dict[str, asyncio.Lock] = {}
+        # each program's last chat body, so the next is parsed from where it differs
+        self.body_prefixes: dict[str, BodyPrefix | Seen] = {}
         programs.on_create(
             lambda p: pool.scheduler.register(p.id, p.group_id, p.group_size, context_tokens=p.context_tokens)
         )
@@ -71,6 +74,7 @@ class Gateway:
         """Free a finished program's in-memory state (its turns stay in the journal)."""
         self.conversations.pop(program_id, None)
         self._locks.pop(program_id, None)
+        self.body_prefixes.pop(program_id, None)
 
     def _ended(self, program: Program) -> None:
         """A program finished: free its state now, or, while a turn of it is in flight, when that

@@ -15,8 +15,9 @@ from rollyard.gateway.errors import error_body
 log = logging.getLogger(__name__)
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+# one encoder for every frame: ``json.dumps`` with options builds a new one per call (~2 us
+# of the ~5 a streamed token's frame costs); the text is the same
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def event(data: Any, name: str | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Protocol
 
@@ -33,6 +34,10 @@ class FastTokenizer:
         if eos is None:
             raise ConfigError(f"tokenizer in {model_dir} has no {IM_END} token; not a rollyard chat model")
         self.eos_id: int = eos
+        # decode(a + b) == decode(a) + decode(b) whenever ``a`` ends on a whole character (a
+        # byte-level decoder: ids to bytes, then UTF-8): streaming decodes each piece alone
+        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
+        self.concatenative: bool = decoder.get("type") == "ByteLevel"
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size: int = len(vocab)
         # No token covers more text than this: a prompt of n chars has >= n / max_token_chars
