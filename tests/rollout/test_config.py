@@ -143,3 +143,15 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--quick"):
         run_demo(0, tmp_path / "run", True, {}, model="smollm2")
     assert not (tmp_path / "run").exists()
+
+
+def test_required_turns_and_the_opening_belong_to_a_forcing_whitebox_agent() -> None:
+    with pytest.raises(ConfigError, match="required_turns needs agent.tool_choice: required"):
+        builtin_config("demo", {"agent.required_turns": 2})
+    blackbox = {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False}
+    with pytest.raises(ConfigError, match="configure the whitebox agent only"):
+        builtin_config("demo", {**blackbox, "agent.opening": ["ls"]})
+    with pytest.raises(ConfigError, match=r"run\.top_p"):
+        builtin_config("demo", {"run.top_p": 0})
+    full = builtin_config("full")
+    assert (full.agent.required_turns, full.agent.opening, full.run.top_p) == (2, ["ls data /tests"], 0.9)
