@@ -146,7 +146,7 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
 
 
 def test_required_turns_and_the_opening_belong_to_a_forcing_whitebox_agent() -> None:
-    with pytest.raises(ConfigError, match="required_turns needs agent.tool_choice: required"):
+    with pytest.raises(ConfigError, match=r"required_turns needs agent\.tool_choice: required"):
         builtin_config("demo", {"agent.required_turns": 2})
     blackbox = {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False}
     with pytest.raises(ConfigError, match="configure the whitebox agent only"):
