@@ -31,6 +31,8 @@ def bench(
     model: str = typer.Option(
         "tiny", help="engine and e2e: the model served, tiny or a pretrained name (smollm2-135m)"
     ),
+    steps: int | None = typer.Option(None, min=1, help="offpolicy: training steps per run"),
+    seeds: int | None = typer.Option(None, min=1, help="offpolicy: seeds (warm starts) per config"),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
     names = available() if name == "all" else [name]
@@ -44,5 +46,9 @@ def bench(
     if model != "tiny" and len(takes_model) < len(modules):
         fixed = ", ".join(m.__name__.rsplit(".", 1)[1] for m in modules if m not in takes_model)
         raise ConfigError(f"--model applies to engine and e2e only; {fixed} serve their own model")
+    sizes = {k: v for k, v in {"steps": steps, "seeds": seeds}.items() if v is not None}
+    for key in sizes:
+        if any(key not in inspect.signature(m.main).parameters for m in modules):
+            raise ConfigError(f"--{key} applies to offpolicy only")
     for m in modules:
-        m.main(quick=quick, **({"model": model} if m in takes_model else {}))
+        m.main(quick=quick, **({"model": model} if m in takes_model else {}), **sizes)
