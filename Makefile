@@ -5,13 +5,13 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: setup test test-fast test-agents test-cluster demo bench lint fmt clean
+.PHONY: setup test test-fast test-agents test-cluster test-bench demo bench lint fmt clean
 
 setup:
 	bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest -q -ra -m "not cluster"
+	$(PY) -m pytest -q -ra -m "not cluster and not longbench"
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow and not engine"
@@ -28,6 +28,11 @@ test-agents: setup
 # worker node is lost mid-run and the run resumes (tests/rollout/test_two_nodes.py).
 test-cluster: setup
 	$(PY) -m pytest -q -ra -s -m cluster tests/rollout/test_two_nodes.py
+
+# Benchmarks whose smallest version takes 20+ minutes on 2 cores (rollyard bench offpolicy:
+# 7 SmolLM2 runs), run end to end and checked (tests/bench/test_offpolicy_bench.py).
+test-bench: setup
+	$(PY) -m pytest -q -ra -m longbench tests/bench
 
 demo: setup
 	.venv/bin/rollyard demo

@@ -137,3 +137,31 @@ async def test_the_loop_stops_at_max_turns_and_on_endpoint_errors(provider: Sand
         await sb.close()
     assert (capped.exit_reason, capped.turns, capped.submitted) == (ExitReason.MAX_TURNS, 2, False)
     assert failed.exit_reason is ExitReason.CONTEXT_EXCEEDED and failed.error
+
+
+async def test_the_opening_runs_first_and_only_the_required_turns_are_forced(
+    provider: SandboxProvider,
+) -> None:
+    replies = [
+        {"content": None, "tool_calls": [_call("bash", json.dumps({"command": "echo hi"}), 0)]},
+        {"content": None, "tool_calls": [_call("bash", json.dumps({"command": "echo again"}), 1)]},
+        {"content": "a free-text answer"},
+    ]
+    seen: list[dict[str, Any]] = []
+    cfg = AgentConfig(tool_choice="required", required_turns=2, opening=["echo opened > seen.txt"])
+    sb = await provider.create(SandboxSpec())
+    try:
+        result = await WhiteBoxAgent(_client(replies, seen), cfg).run("task", sb)
+        opened = (await sb.read("seen.txt")).decode()
+    finally:
+        await sb.close()
+    assert opened == "opened\n"  # the opening ran in the sandbox, before the model's first turn
+    first = seen[0]["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant", "tool"]
+    assert json.loads(first[2]["tool_calls"][0]["function"]["arguments"]) == {
+        "command": "echo opened > seen.txt"
+    }
+    assert "[exit 0]" in first[3]["content"]
+    assert [s.get("tool_choice") for s in seen] == ["required", "required", None]
+    assert (result.exit_reason, result.turns, result.tool_calls) == (ExitReason.FINAL_ANSWER, 3, 2)
+    assert [e.payload.call_id for e in result.events] == ["opening-0", "call_0", "call_1"]

@@ -93,6 +93,11 @@ def test_truncation_is_counted_and_weights_need_the_decoupled_loss() -> None:
     got = off_policy_correction("token_tis", log_rho, mask, seq, 1, decoupled=True, clip=C)
     assert got.weight.tolist() == pytest.approx([2.0, 1.0, 0.2])
     assert got.metrics["is_truncated_frac"] == pytest.approx(1 / 3)
+    # KL(mu || pi_prox) by k3 over the sampled tokens: mean of rho - 1 - log rho
+    assert got.metrics["behaviour_kl"] == pytest.approx(sum(r - 1 - math.log(r) for r in (3.0, 1.0, 0.2)) / 3)
+    forced = torch.tensor([False, False, True])  # a forced token's ratio is not measured
+    got = off_policy_correction("none", log_rho, mask, seq, 1, decoupled=False, forced=forced)
+    assert got.metrics["behaviour_kl"] == pytest.approx((2.0 - math.log(3.0)) / 2)
     with pytest.raises(DataError, match="decoupled"):
         off_policy_correction("seq_tis", log_rho, mask, seq, 1, decoupled=False)
 

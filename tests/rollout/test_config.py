@@ -162,3 +162,15 @@ def test_engines_go_on_ray_with_an_address_and_their_placement_is_checked() -> N
     ok = {"ray.address": "h:6379", "publish.host": "10.0.0.1", "engine.gpus_per_engine": 2}
     assert builtin_config("quick", {**ok, "engine.tensor_parallel_size": 2}).engines_on_ray
     assert builtin_config("quick", {"ray.address": "h:6379", "publish.mode": "disk"}).engines_on_ray
+
+
+def test_required_turns_and_the_opening_belong_to_a_forcing_whitebox_agent() -> None:
+    with pytest.raises(ConfigError, match=r"required_turns needs agent\.tool_choice: required"):
+        builtin_config("demo", {"agent.required_turns": 2})
+    blackbox = {"agent.kind": "blackbox", "agent.profile": "openai", "sft.enabled": False}
+    with pytest.raises(ConfigError, match="configure the whitebox agent only"):
+        builtin_config("demo", {**blackbox, "agent.opening": ["ls"]})
+    with pytest.raises(ConfigError, match=r"run\.top_p"):
+        builtin_config("demo", {"run.top_p": 0})
+    full = builtin_config("full")
+    assert (full.agent.required_turns, full.agent.opening, full.run.top_p) == (2, ["ls data /tests"], 0.9)

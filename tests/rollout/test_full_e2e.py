@@ -55,7 +55,8 @@ async def test_the_full_config_runs_every_mechanism(
     assert total["count_tool_calls"] > 0  # gateway: typed tool calls
     assert total["count_perturbations"] == sum(len(r["groups"]) for r in rows) * cfg.run.group_size
     assert total["count_context_rewrites"] > 0  # CM fired (and the gateway cut a segment)
-    assert "count_test_access" in last  # monitored
+    # the opening's `ls /tests`, seen inside every program's sandbox by the access-time monitor
+    assert total["count_test_access"] >= total["count_perturbations"]
     assert sum(r["count_masked_samples"] for r in rows) > 0  # long negative samples left out
     assert last["judge_calls"] >= 2 * cfg.run.groups_per_step * cfg.run.group_size  # judged, via the gateway
     assert last["judge_unreadable"] == 0  # every judge reply held a score (forced_score)
@@ -63,6 +64,10 @@ async def test_the_full_config_runs_every_mechanism(
     # Forced tool calls were flagged and trained against the proximal policy (no ratio against
     # their grammar-constrained logprobs), so IPA no longer masks their chunks and the run learns.
     assert all(r["count_forced_tokens"] > 0 and r["train_forced_frac"] > 0 for r in rows)
+    # Free turns after the required ones were sampled at top_p 0.9: their recorded logprobs are the
+    # nucleus's renormalised ones, ~0.105 nats above the trainer's, and IPA's mask dropped them.
+    assert any(r["train_forced_frac"] < 1 for r in rows)
+    assert any(r["train_chunk_mask_frac"] > 0 and r["train_mismatch_mean"] > 0.05 for r in rows)
     assert all(r["train_grad_norm"] > 0 for r in rows)
     versions = [_weights(tiny_model_dir)] + [_weights(run.weights / f"v{v:06d}") for v in (1, 2)]
     for before, after in itertools.pairwise(versions):
@@ -75,6 +80,9 @@ async def test_the_full_config_runs_every_mechanism(
         e.payload for t in trajs for e in t.events if e.kind == EventKind.CONTEXT_REWRITE and e.payload.policy
     ]
     assert policy_rewrites and all(p.policy == "discard_all" for p in policy_rewrites)
+    touched = [e.payload for t in trajs for e in t.events if e.kind == EventKind.TEST_ACCESS]
+    assert {(a.path, a.how, a.where) for a in touched} == {("/tests", "listed", "decoy")}
+    assert all(any(e.kind == EventKind.TEST_ACCESS for e in t.events) for t in trajs)  # each program's
     journal = SqliteJournal(run.root / "journal.db")
     try:
         assert len(journal.program_ids("judge")) == last["judge_calls"]

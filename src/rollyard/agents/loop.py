@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.agents.context import ContextPolicy, Message, apply_policy, estimate_tokens, with_note
-from rollyard.agents.tools import TOOLS, run_tool
+from rollyard.agents.tools import TOOLS, ToolOutcome, run_tool
 from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.events import ContextRewriteEvent, Event, EventKind, ToolResultEvent
 from rollyard.sandbox.base import Sandbox
@@ -39,6 +39,12 @@ class AgentConfig(BaseModel):
     temperature: float | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     tool_choice: Literal["auto", "required"] = "auto"  # required: every turn calls a tool
+    # with tool_choice required: only the first N model turns are forced, later ones are the
+    # model's own choice (free text, sampled from the unconstrained policy); None: every turn
+    required_turns: int | None = Field(default=None, ge=1)
+    # bash commands run before the first model turn, in the conversation as the agent's own calls
+    # and their results: the environment's scripted orientation step (e.g. listing the workspace)
+    opening: list[str] = Field(default_factory=list)
 
 
 class ExitReason(StrEnum):
@@ -109,18 +115,19 @@ class WhiteBoxAgent:
             extra["temperature"] = cfg.temperature
         if cfg.max_tokens is not None:
             extra["max_tokens"] = cfg.max_tokens
-        if cfg.tool_choice != "auto":
-            extra["tool_choice"] = cfg.tool_choice
+        await self._open(sandbox, messages, r)
         for turn in range(cfg.max_turns):
             if turn:
                 est = tokens + estimate_tokens(messages[counted:])
                 messages = self._rewrite(messages, est, turn, r.events)
+            forced = cfg.tool_choice != "auto" and (cfg.required_turns is None or turn < cfg.required_turns)
             try:
                 resp = await self.client.chat.completions.create(
                     model=cfg.model,
                     messages=messages,
                     tools=TOOLS,
                     **extra,  # type: ignore[arg-type]
+                    **({"tool_choice": cfg.tool_choice} if forced else {}),
                 )
             except openai.BadRequestError as e:
                 reason = ExitReason.CONTEXT_EXCEEDED if "context" in str(e).lower() else ExitReason.ERROR
@@ -148,28 +155,53 @@ class WhiteBoxAgent:
             for call in calls:
                 name = getattr(getattr(call, "function", None), "name", "") or ""
                 raw = getattr(getattr(call, "function", None), "arguments", None)
-                t0 = self.clock.now()
-                out = await run_tool(
-                    sandbox, name, raw, timeout=cfg.tool_timeout_s, max_chars=cfg.max_tool_output_chars
-                )
+                out = await self._call(sandbox, name, raw, call.id, turn, messages, r)
                 r.tool_calls += 1
                 r.malformed_tool_calls += out.error
-                result = ToolResultEvent(
-                    name=name,
-                    call_id=call.id,
-                    is_error=out.error or out.failed,
-                    malformed=out.error,
-                    exit_code=out.exit_code,
-                    timed_out=out.timed_out,
-                    duration_s=max(0.0, self.clock.now() - t0),
-                )
-                r.events.append(Event.of(result, turn_index=turn, at=t0))
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": out.content})
                 if out.submitted:
                     r.submitted, r.final_answer, done = True, out.answer, True
             if done:
                 return self._end(r, ExitReason.SUBMITTED, messages)
         return self._end(r, ExitReason.MAX_TURNS, messages)
+
+    async def _call(
+        self,
+        sandbox: Sandbox,
+        name: str,
+        raw: str | None,
+        call_id: str,
+        turn: int,
+        messages: list[Message],
+        r: AgentResult,
+    ) -> ToolOutcome:
+        """Run one tool call; its result goes to the conversation and the events."""
+        cfg = self.config
+        t0 = self.clock.now()
+        out = await run_tool(
+            sandbox, name, raw, timeout=cfg.tool_timeout_s, max_chars=cfg.max_tool_output_chars
+        )
+        result = ToolResultEvent(
+            name=name,
+            call_id=call_id,
+            is_error=out.error or out.failed,
+            malformed=out.error,
+            exit_code=out.exit_code,
+            timed_out=out.timed_out,
+            duration_s=max(0.0, self.clock.now() - t0),
+        )
+        r.events.append(Event.of(result, turn_index=turn, at=t0))
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": out.content})
+        return out
+
+    async def _open(self, sandbox: Sandbox, messages: list[Message], r: AgentResult) -> None:
+        """The scripted opening: each command as an assistant bash call (prompt tokens, never
+        trained: the engine did not sample them) followed by its real result."""
+        for i, command in enumerate(self.config.opening):
+            call_id = f"opening-{i}"
+            raw = json.dumps({"command": command})
+            call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": raw}}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            await self._call(sandbox, "bash", raw, call_id, 0, messages, r)
 
     @staticmethod
     def _end(

@@ -34,6 +34,8 @@ def bench(
     ray_nodes: int = typer.Option(
         1, "--ray-nodes", min=1, max=2, help="e2e: 2 runs it also on two namespaced Ray nodes, side by side"
     ),
+    steps: int | None = typer.Option(None, min=1, help="offpolicy: training steps per run"),
+    seeds: int | None = typer.Option(None, min=1, help="offpolicy: seeds (warm starts) per config"),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
     names = available() if name == "all" else [name]
@@ -49,6 +51,11 @@ def bench(
         raise ConfigError(f"--model applies to engine and e2e only; {fixed} serve their own model")
     if ray_nodes != 1 and names != ["e2e"]:
         raise ConfigError("--ray-nodes applies to e2e only")
+    sizes = {k: v for k, v in {"steps": steps, "seeds": seeds}.items() if v is not None}
+    for key in sizes:
+        if any(key not in inspect.signature(m.main).parameters for m in modules):
+            raise ConfigError(f"--{key} applies to offpolicy only")
+    if ray_nodes != 1:
+        sizes["ray_nodes"] = ray_nodes
     for m in modules:
-        extra = {"ray_nodes": ray_nodes} if ray_nodes != 1 else {}
-        m.main(quick=quick, **({"model": model} if m in takes_model else {}), **extra)
+        m.main(quick=quick, **({"model": model} if m in takes_model else {}), **sizes)

@@ -95,6 +95,9 @@ def off_policy_correction(
     metrics = {
         "is_masked_frac": float((m & ~keep).sum() / n),
         "is_truncated_frac": float((m & keep & truncated).sum() / n),
+        # KL(mu || pi_prox) by the k3 estimator over tokens mu sampled: rho - 1 - log rho >= 0,
+        # before any correction acts, so it compares configs (staleness plus train/infer gap)
+        "behaviour_kl": float(((rho - 1.0 - lr) * m).sum() / n),
     }
     measured = rho[m].double()
     qs = torch.tensor(QUANTILES, dtype=torch.float64, device=measured.device)

@@ -158,7 +158,7 @@ async def run_program(
     """One program to its recorded, evaluated trajectory (re-run when its engine died)."""
     gw = svc.gateway.client
     cfg = svc.cfg
-    sampling = SamplingPolicy(temperature=temperature, top_p=1.0, max_tokens=cfg.agent.max_tokens)
+    sampling = SamplingPolicy(temperature=temperature, top_p=cfg.run.top_p, max_tokens=cfg.agent.max_tokens)
     if isinstance(runner, LocalRunner):  # sandboxes of this task get prepared while it waits for a slot
         runner.prepare(task, svc.agent)
     for attempt in range(retries + 1):

@@ -232,6 +232,12 @@ class AgentSection(_Section):
     # whitebox: ``required`` makes every model turn a tool call (the gateway constrains decoding
     # to one well-formed call; the turn records it), so even a random model acts in its sandbox
     tool_choice: Literal["auto", "required"] = "auto"
+    # whitebox, with tool_choice required: only the first N turns are forced; later turns are the
+    # model's own (unconstrained) choice, whose logprobs are the policy's; None: every turn
+    required_turns: int | None = Field(default=None, ge=1)
+    # whitebox: bash commands run before the first model turn, shown as the agent's own calls with
+    # their real results (a scripted orientation step; never trained: no engine sampled them)
+    opening: list[str] = Field(default_factory=list)
     context: ContextSection | None = None  # whitebox: context management; None: never compacted
     # stop the run, with the agent's own error, after this many programs in a row ended without a
     # single model turn (a CLI that cannot start would otherwise be replaced forever)
@@ -279,6 +285,10 @@ class RunConfig(_Section):
     groups_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=4, ge=2)
     temperature: float = Field(default=1.0, ge=0.0)
+    # nucleus sampling for every program; below 1 the engine records the truncated, renormalised
+    # distribution while the trainer scores the full one: a real train/inference mismatch that
+    # IPA's mask and the off-policy corrections see (docs/training.md)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_groups_in_flight: int = Field(default=8, ge=1)
     # programs running at once (train + held-out); unset: what the engines' KV, the cores and the
     # memory hold (rollout/capacity.py, docs/training.md)
@@ -387,8 +397,13 @@ class Config(_Section):
                 load_profile(self.agent.profile)
             except ConfigError as e:
                 raise ValueError(f"agent.profile: {e.message}") from None
-            if self.agent.context is not None or self.agent.tool_choice != "auto":
-                raise ValueError("agent.context and agent.tool_choice configure the whitebox agent only")
+            a = self.agent
+            if a.context is not None or a.tool_choice != "auto" or a.required_turns or a.opening:
+                raise ValueError(
+                    "agent.context, tool_choice, required_turns and opening configure the whitebox agent only"
+                )
+        if self.agent.required_turns is not None and self.agent.tool_choice != "required":
+            raise ValueError("agent.required_turns needs agent.tool_choice: required")
         return self
 
 

@@ -266,6 +266,8 @@ def agent_config(cfg: Config) -> AgentConfig:
         max_tool_output_chars=a.max_tool_output_chars,
         max_tokens=a.max_tokens,
         tool_choice=a.tool_choice,
+        required_turns=a.required_turns,
+        opening=a.opening,
     )
 
 

@@ -46,6 +46,7 @@ CORRECTION_METRICS = (
     "is_ratio_p90",
     "is_masked_frac",
     "is_truncated_frac",
+    "behaviour_kl",  # KL(mu || pi_prox), k3 estimate: how far the sampler was from the trainer
     "forced_frac",  # trained tokens a grammar forced: no ratio taken against their logprobs
 )
 
