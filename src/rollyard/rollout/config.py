@@ -13,31 +13,31 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from rollyard.agents.context import PolicyKind
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.core.net import is_loopback
-from rollyard.engines.drafting.config import DraftingConfig
-from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.pretrained import PRETRAINED
-from rollyard.gateway.settings import GatewayLimits
 from rollyard.rl.advantages import AdvantageConfig
 from rollyard.rl.buffer.config import BufferConfig
 from rollyard.rl.masks import StabilityMasks
 from rollyard.rl.rewards import RewardConfig
-from rollyard.sandbox.base import Limits, SandboxSpec
+from rollyard.rollout.config_services import (
+    EngineConfig,
+    GatewayConfig,
+    PublishConfig,
+    RayConfig,
+    SandboxConfig,
+    Section,
+)
+from rollyard.sandbox.base import SandboxSpec
 from rollyard.sandbox.perturb import Perturbation, PerturbationRecord
 from rollyard.sandbox.perturb import apply as apply_perturbation
-from rollyard.sched import Policy, make_policy
 from rollyard.train.trainer import TrainConfig
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelConfig(_Section):
+class ModelConfig(Section):
     """Where the policy's weights start; ``create`` makes the model there if it is missing: the
     random tiny/small model of ``size``, or the ``pretrained`` one (``rollyard model init --from``)."""
 
@@ -54,120 +54,7 @@ class ModelConfig(_Section):
         return self
 
 
-class EngineConfig(_Section):
-    """Local vLLM engines the orchestrator starts (``urls`` instead: engines someone else runs)."""
-
-    count: int = Field(default=1, ge=1)
-    urls: list[str] = Field(default_factory=list)
-    kv_tokens: int | None = Field(default=16384, ge=1)
-    max_model_len: int = Field(default=2048, ge=64)
-    startup_timeout_s: float = Field(default=300.0, gt=0)
-    restart_on_death: bool = True
-    drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
-    kv_pool: KVPoolConfig = Field(default_factory=KVPoolConfig)  # KV shared by the engines
-    # Where the started engines run: "ray" makes each a Ray actor placed on a node with
-    # ``cpus_per_engine`` / ``gpus_per_engine`` free (``rollout.ray_engines``); "auto": on Ray
-    # when ``ray.address`` is set, else subprocesses of this process.
-    placement: Literal["auto", "local", "ray"] = "auto"
-    cpus_per_engine: float = Field(default=1.0, gt=0)
-    gpus_per_engine: float = Field(default=0.0, ge=0)  # Ray's num_gpus for each engine actor
-    tensor_parallel_size: int = Field(default=1, ge=1)  # vLLM's --tensor-parallel-size (GPU)
-    # On a CUDA host the KV cache is what this fraction of GPU memory leaves (bf16 weights);
-    # ``kv_tokens`` caps it on CPU hosts only.
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _gpus_cover_tp(self) -> EngineConfig:
-        if self.tensor_parallel_size > 1 and self.gpus_per_engine < self.tensor_parallel_size:
-            raise ValueError(
-                f"engine.tensor_parallel_size={self.tensor_parallel_size} needs "
-                f"engine.gpus_per_engine >= {self.tensor_parallel_size} (one GPU per shard)"
-            )
-        return self
-
-
-class SchedulingConfig(_Section):
-    """A scheduling preset by name, with any of its parts swapped (``rollyard.sched.registry``)."""
-
-    policy: str = "fifo"
-    router: str | None = None
-    admission: str | None = None
-    order: str | None = None
-    tick_s: float | None = Field(default=None, gt=0)
-    options: dict[str, float | int | str | bool] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _known(self) -> SchedulingConfig:
-        self.build()  # unknown names fail here, with the list of choices
-        return self
-
-    def build(self) -> Policy:
-        try:
-            return make_policy(
-                self.policy,
-                router=self.router,
-                admission=self.admission,
-                order=self.order,
-                tick_s=self.tick_s,
-                **self.options,
-            )
-        except ConfigError as e:
-            raise ValueError(e.message) from None
-
-
-class DividedConfig(_Section):
-    """Divided rollout (Seer): generations longer than ``chunk_tokens`` run as chunks, each
-    rescheduled (``rollyard.gateway.divided``)."""
-
-    chunk_tokens: int = Field(default=256, ge=1)
-
-
-class GatewayConfig(_Section):
-    host: str = "127.0.0.1"  # the address it binds; 0.0.0.0 for rollout workers on other nodes
-    # the address workers on other machines dial (a host, an IP or a URL); unset: the bind
-    # address, or this host's first non-loopback address when bound to a wildcard
-    advertise: str | None = None
-    port: int | None = Field(default=None, ge=1, le=65535)  # None: a free port
-    capacity: int = Field(default=64, ge=1)  # concurrent engine requests per engine
-    # gateway shards, one process each (``gateway/shards.py``): a program lives on one, each
-    # schedules 1/workers of every engine; ports port .. port + workers - 1
-    workers: int = Field(default=1, ge=1, le=64)
-    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
-    divided: DividedConfig | None = None  # None: every generation runs in one piece
-    limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets
-
-    @model_validator(mode="before")
-    @classmethod
-    def _policy_shorthand(cls, data: Any) -> Any:
-        """``gateway.policy: NAME`` is short for ``gateway.scheduling.policy: NAME``."""
-        if isinstance(data, dict) and "policy" in data:
-            data = dict(data)
-            name = data.pop("policy")
-            data["scheduling"] = {**(data.get("scheduling") or {}), "policy": name}
-        return data
-
-
-class SandboxConfig(_Section):
-    provider: Literal["bwrap", "local"] = "bwrap"
-    ahead: int = Field(default=1, ge=0)  # prepared sandboxes per task, ahead of demand
-    # decoy test dirs + access times on test-like files in every program's sandbox (TEST_ACCESS
-    # events, the step's count_test_access); monitored programs get sandboxes of their own
-    monitor_tests: bool = False
-    # every program's sandbox limits (sandbox.base.Limits keys: memory_mb, cpu_seconds,
-    # max_processes, wall_seconds, disk_mb, ...); a black-box profile's own `limits` go on top
-    limits: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("limits")
-    @classmethod
-    def _known_limits(cls, v: dict[str, Any]) -> dict[str, Any]:
-        Limits.model_validate(v)  # unknown keys and bad values fail when the config loads
-        return v
-
-    def program_limits(self) -> Limits:
-        return Limits.model_validate(self.limits)
-
-
-class TaskSetConfig(_Section):
+class TaskSetConfig(Section):
     """A task family generated into the run dir, or a directory of task dirs."""
 
     family: str | None = "lookup"
@@ -182,7 +69,7 @@ class TaskSetConfig(_Section):
         return self
 
 
-class PerturbConfig(_Section):
+class PerturbConfig(Section):
     """Break a program's environment on purpose (ROLL): with probability ``prob``, one of
     ``kinds`` (``dead_mirror``; ``remove_tool`` / ``rename_tool`` with a ``target`` path)."""
 
@@ -201,14 +88,14 @@ class PerturbConfig(_Section):
         return self
 
 
-class TasksConfig(_Section):
+class TasksConfig(Section):
     train: TaskSetConfig = Field(default_factory=TaskSetConfig)
     eval: TaskSetConfig | None = None  # held-out tasks; None: no held-out evaluation
     validate_tasks: bool = True  # golden passes, no-op fails, before anything runs
     perturb: PerturbConfig = Field(default_factory=PerturbConfig)
 
 
-class ContextSection(_Section):
+class ContextSection(Section):
     """Context management as an agent action (white-box agent): when the conversation passes
     ``threshold`` of the engine's context (``engine.max_model_len``), apply ``policy``, tell the
     model in-context, and start a new segment."""
@@ -218,7 +105,7 @@ class ContextSection(_Section):
     keep: int = Field(default=5, ge=1)  # keep_first_last: the first and last N assistant turns
 
 
-class AgentSection(_Section):
+class AgentSection(Section):
     """The white-box tool loop (in this process), or an unmodified CLI agent run in each program's
     sandbox by a black-box runner profile (a shipped name such as ``openai``, or a YAML path)."""
 
@@ -258,7 +145,7 @@ class TrainerConfig(TrainConfig):
         return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
-class SftConfig(_Section):
+class SftConfig(Section):
     """Warm start on scripted-solver demonstrations (deliberately imperfect). With a blackbox
     agent: ``demos`` programs of the CLI on the base model, each recorded prompt answered with
     the profile's ``finish`` reply and the end-of-turn token (``mistake_prob`` unused)."""
@@ -271,13 +158,13 @@ class SftConfig(_Section):
     lr: float = Field(default=1e-3, gt=0)
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     every: int = Field(default=5, ge=1)  # held-out evaluation every N steps (and at 0 and the end)
     samples: int = Field(default=2, ge=1)  # per held-out task
     temperature: float = Field(default=1.0, ge=0.0)
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     # async: rollouts never wait for training (buffer staleness bound); sync: each step's groups
     # are rolled out together, then trained, then weights published (rollout/sync.py)
     mode: Literal["async", "sync"] = "async"
@@ -304,27 +191,7 @@ class RunConfig(_Section):
     loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
 
 
-class PublishConfig(_Section):
-    """How trained weights reach the engines (docs/training.md, "Publishing weights").
-
-    ``memory``: streamed over a gloo group into each engine's worker, no file; every engine must
-    run rollyard's worker extension (the launcher's engines do) and reach the trainer at
-    ``host``. ``disk``: a safetensors dir each engine reloads, for engines that cannot.
-    Both update each engine behind the version fence."""
-
-    mode: Literal["memory", "disk"] = "memory"
-    bucket_mb: int = Field(default=512, ge=1)  # the largest flat buffer sent at once
-    host: str = "127.0.0.1"  # where engines reach the trainer's weight group
-    timeout_s: float = Field(default=120.0, gt=0)  # a gloo send or receive that waits longer fails
-
-
-class RayConfig(_Section):
-    address: str | None = None  # "local" starts a local cluster; else a ray:// or host:port address
-    workers: int = Field(default=2, ge=1)
-    num_cpus_per_worker: float = Field(default=0.5, gt=0)
-
-
-class Config(_Section):
+class Config(Section):
     """One run: each section belongs to one component."""
 
     model: ModelConfig
