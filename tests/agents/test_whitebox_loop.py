@@ -165,3 +165,5 @@ async def test_the_opening_runs_first_and_only_the_required_turns_are_forced(
     assert [s.get("tool_choice") for s in seen] == ["required", "required", None]
     assert (result.exit_reason, result.turns, result.tool_calls) == (ExitReason.FINAL_ANSWER, 3, 2)
     assert [e.payload.call_id for e in result.events] == ["opening-0", "call_0", "call_1"]
+    # the opening follows no model turn: no turn is penalised or chunked for it
+    assert [e.turn_index for e in result.events] == [None, 0, 1]

@@ -170,11 +170,12 @@ class WhiteBoxAgent:
         name: str,
         raw: str | None,
         call_id: str,
-        turn: int,
+        turn: int | None,
         messages: list[Message],
         r: AgentResult,
     ) -> ToolOutcome:
-        """Run one tool call; its result goes to the conversation and the events."""
+        """Run one tool call; its result goes to the conversation and the events (``turn`` None:
+        no model turn made it, so no turn's penalty or chunk boundary is charged for it)."""
         cfg = self.config
         t0 = self.clock.now()
         out = await run_tool(
@@ -195,13 +196,15 @@ class WhiteBoxAgent:
 
     async def _open(self, sandbox: Sandbox, messages: list[Message], r: AgentResult) -> None:
         """The scripted opening: each command as an assistant bash call (prompt tokens, never
-        trained: the engine did not sample them) followed by its real result."""
+        trained: the engine did not sample them) followed by its real result. Its results follow
+        no model turn (``turn_index`` None): a failing opening command is the config's doing, not
+        something to penalise or credit in the first turn."""
         for i, command in enumerate(self.config.opening):
             call_id = f"opening-{i}"
             raw = json.dumps({"command": command})
             call = {"id": call_id, "type": "function", "function": {"name": "bash", "arguments": raw}}
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            await self._call(sandbox, "bash", raw, call_id, 0, messages, r)
+            await self._call(sandbox, "bash", raw, call_id, None, messages, r)
 
     @staticmethod
     def _end(
