@@ -21,6 +21,7 @@ from rollyard.engines import VLLMBackend
 from rollyard.engines.launcher import VLLMServer
 from rollyard.rollout.services import LOGPROBS_OF_SAMPLED, EngineFleet, publish_healing
 from rollyard.train.publish import WeightPublisher
+from rollyard.train.weight_stream import model_weights
 
 pytestmark = pytest.mark.engine
 
@@ -99,6 +100,29 @@ async def test_memory_publish_equals_a_disk_reload_and_writes_nothing(
         assert await greedy(engine) != by_disk
         assert sorted(p.name for p in root.iterdir()) == ["v000002"]  # the disk publish's only
     finally:
+        await engine.load_weights(str(tiny_model_dir), version=0)
+        await engine.aclose()
+
+
+async def test_weights_missing_a_parameter_hold_the_engine_out(
+    vllm_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A weight source that leaves a parameter out would serve two versions' values at once: the
+    worker refuses it and the publisher holds the engine out."""
+    engine = VLLMBackend(vllm_url)
+    model = perturbed(tiny_model_dir, 7)
+
+    def partial() -> list[tuple[str, torch.Tensor]]:
+        return [(n, t) for n, t in model_weights(model) if "layers.0.mlp" not in n]
+
+    memory = WeightPublisher([engine], tmp_path, base_path=tiny_model_dir, mode="memory", weights=partial)
+    try:
+        await memory.start()
+        with pytest.raises(TrainError, match="failed to take weights version 1"):
+            await memory.publish(model, 1)
+        assert engine.held is not None and "unloaded" in engine.held
+    finally:
+        engine.release()
         await engine.load_weights(str(tiny_model_dir), version=0)
         await engine.aclose()
 

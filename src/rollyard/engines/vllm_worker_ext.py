@@ -110,8 +110,14 @@ class LiveWeightsExtension:
                     n *= int(d)
                 staged.append((name, flat[offset : offset + n].view(*shape)))
         t1 = time.perf_counter()
+        model = self._model()
         with torch.no_grad():  # unquantized weights only: their post-load step is the GEMM pack
-            self._model().load_weights(iter(staged))
+            loaded = model.load_weights(iter(staged))
+        # vLLM's models return the parameter names they filled. One left out keeps the old
+        # version's values beside the new ones: fail, so the publisher holds this engine out.
+        missing = sorted({n for n, _ in model.named_parameters()} - set(loaded or ())) if loaded else []
+        if missing:
+            raise RuntimeError(f"weights v{version} left {len(missing)} parameters unloaded: {missing[:3]}")
         self._rollyard_version = int(version)
         return self._repack_timed(t0, t1)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -36,9 +37,13 @@ RAY_PORT = 6390
 # Runs as "root" of the new user namespace, in the head's network namespace.
 _PLUMB = f"""
 set -e
-unshare -n sleep infinity &
+unshare -n sleep infinity </dev/null >/dev/null 2>&1 &
 W=$!
-sleep 0.2
+# until the child has entered its own network namespace (a fixed sleep raced on a loaded host)
+i=0
+while [ "$(readlink /proc/$W/ns/net)" = "$(readlink /proc/$$/ns/net)" ]; do
+  i=$((i+1)); [ $i -lt 500 ] || exit 1; sleep 0.01
+done
 ip link add ry-head type veth peer name ry-worker
 ip link set ry-worker netns $W
 ip addr add {HEAD_IP}/24 dev ry-head
@@ -73,10 +78,13 @@ class NetnsPair:
             start_new_session=True,
         )
         assert self.root.stdout is not None
-        line = self.root.stdout.readline().decode().split()
+        # the holder's pipes are not the sleeper's (redirected), so a failed step ends the read
+        # at EOF; the deadline covers a step that hangs
+        ready, _, _ = select.select([self.root.stdout], [], [], 30.0)
+        line = self.root.stdout.readline().decode().split() if ready else ["timed", "out"]
         if line[:1] != ["ready"]:
-            err = self.root.stderr.read().decode() if self.root.stderr else ""
             self.close()
+            err = self.root.stderr.read().decode() if self.root.stderr else ""
             raise ConfigError(f"could not create the two network namespaces: {err.strip() or line}")
         self.pids: dict[Node, int] = {"head": int(line[1]), "worker": int(line[2])}
         self._ns = {node: _net_ns(pid) for node, pid in self.pids.items()}
