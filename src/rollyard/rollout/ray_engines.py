@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rollyard.core.engine_key import KEY_ENV, engine_key
-from rollyard.core.errors import EngineStartError
+from rollyard.core.errors import EngineStartError, RollyardError
 from rollyard.engines.launcher import VLLMServer
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,11 @@ class RayEngine:
             ) from None
         except ray.exceptions.RayError as e:
             self.stop()
-            raise EngineStartError(f"{self.name} failed on its Ray node: {e}") from None
+            cause = getattr(e, "cause", None)  # a task error's own exception; its str is a traceback
+            if isinstance(cause, RollyardError):  # the server's own clear error (a log tail, a limit)
+                raise EngineStartError(f"{self.name} on its Ray node: {cause}") from None
+            why = type(cause).__name__ if cause is not None else type(e).__name__
+            raise EngineStartError(f"{self.name} failed on its Ray node ({why}; see its Ray logs)") from None
         if self.first_url is not None and url != self.first_url:
             self.stop()
             raise EngineStartError(
