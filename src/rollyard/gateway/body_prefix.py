@@ -63,7 +63,7 @@ class Seen:
     parsed: list[Any] | None = None
 
 
-# The next body must repeat this many bytes after the key ``"messages"`` before the previous
+# The next body must repeat this many bytes from the key ``"messages"`` on before the previous
 # one is scanned: a body that differs there shares no whole message with it (one that extends a
 # shorter history takes the full path once; nothing but time depends on it).
 GATE_BYTES = 64
@@ -130,8 +130,8 @@ def remember(raw: bytes, model: type, messages: list[Any]) -> BodyPrefix | None:
                 ascii_only = raw.isascii()
                 start, end = _byte_offset(text, i, ascii_only), _byte_offset(text, span[0], ascii_only)
                 head = strict_json(raw[:start] + b"[]}")
-                if not isinstance(head, dict) or next(reversed(head)) != "messages":
-                    return None  # a repeated key: the last ``messages`` is not this one
+                if not isinstance(head, dict):
+                    return None
                 prefix = raw[:end]
                 after = strict_json(_OPEN + raw[end:].lstrip(b" \t\n\r"))
                 if "messages" in after:  # a later one wins in a full parse

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import fcntl
+import functools
 import logging
 import struct
 import termios
@@ -50,10 +51,20 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
         return 0
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The process's C library, looked up once (``find_library`` runs ``ldconfig``)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _malloc_trim() -> None:
     """Hand the C heap's free pages back to the system (glibc; nothing elsewhere)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    with contextlib.suppress(AttributeError):
+        if (libc := _libc()) is not None:
+            libc.malloc_trim(0)
 
 
 class Census:

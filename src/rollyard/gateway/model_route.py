@@ -93,22 +93,25 @@ def _validated(model: type[BaseModel], data: Any) -> BaseModel:
         raise _invalid(e) from None
 
 
-def _extension(raw: bytes, request: Request, model: type[BaseModel], max_objects: int) -> Extension | None:
-    """The body parsed past its program's previous one, when it extends it (a hint looked up by
-    the key shown: the request is authenticated after, as on the full path)."""
+def _extension(
+    raw: bytes, request: Request, model: type[BaseModel], max_objects: int
+) -> tuple[str | None, Extension | None]:
+    """The program the key shown names, and the body parsed past that program's previous one
+    when it extends it (a hint: the request is authenticated after, as on the full path, and the
+    hint is dropped unless the authenticated program is the one it was looked up for)."""
     key = api_key(request)
     gw = request.app.state.gateway
     pid = gw.programs.id_for_key(key) if key else None
-    return None if pid is None else extend(raw, gw.body_prefixes.get(pid), model, max_objects)
+    return pid, None if pid is None else extend(raw, gw.body_prefixes.get(pid), model, max_objects)
 
 
-def _validated_extension(model: type[BaseModel], ext: Extension, raw: bytes) -> BaseModel:
+def _validated_extension(model: type[BaseModel], ext: Extension, raw: bytes, max_objects: int) -> BaseModel:
     """Only the new messages (and the other fields) validated; the known ones put before them.
     Invalid: the whole body is validated, for the error a full parse gives (its locations)."""
     try:
         body = model.model_validate(ext.data)
     except ValidationError:
-        return _validated(model, strict_json(raw))
+        return _validated(model, _parsed(raw, max_objects))
     body.messages = ext.known.messages + body.messages  # type: ignore[attr-defined]
     return body
 
@@ -154,10 +157,13 @@ class ModelRoute(APIRoute):
         async def handle(request: Request) -> Response:
             raw = await request.body()
             state = request.app.state
-            ext = _extension(raw, request, model, state.limits.max_body_objects) if chat else None
-            data = _parsed(raw, state.limits.max_body_objects) if ext is None else None
+            limit = state.limits.max_body_objects
+            pid, ext = _extension(raw, request, model, limit) if chat else (None, None)
+            data = _parsed(raw, limit) if ext is None else None
             program = await caller(request)
-            body = _validated(model, data) if ext is None else _validated_extension(model, ext, raw)
+            if ext is not None and program.id != pid:  # never another program's messages
+                ext, data = None, _parsed(raw, limit)
+            body = _validated(model, data) if ext is None else _validated_extension(model, ext, raw, limit)
             if chat:
                 _remember(raw, body, ext, state.gateway.body_prefixes, program)
             out = await endpoint(body, request, program)

@@ -110,8 +110,9 @@ class TextStreamer:
             return False
         del self.ids[n:]
         self.held = held
-        if self._read > n:  # decoded past the mark: decode what is kept afresh
-            self.text, self._prefix, self._read = self.tok.decode(self.ids), n, n
+        if self._read > n:  # decoded past the mark: the next feed decodes what is kept afresh
+            # (from the start: the mark may cut a character, which a kept text must not end in)
+            self.text, self._prefix, self._read = "", 0, 0
         return True
 
     def rest(self, final_content: str) -> str:

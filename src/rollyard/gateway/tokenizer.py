@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +24,7 @@ class FastTokenizer:
 
     def __init__(self, model_dir: str | Path) -> None:
         from tokenizers import Tokenizer as _Tok
+        from tokenizers import decoders
 
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
@@ -36,8 +36,7 @@ class FastTokenizer:
         self.eos_id: int = eos
         # decode(a + b) == decode(a) + decode(b) whenever ``a`` ends on a whole character (a
         # byte-level decoder: ids to bytes, then UTF-8): streaming decodes each piece alone
-        decoder = json.loads(self._tok.to_str()).get("decoder") or {}
-        self.concatenative: bool = decoder.get("type") == "ByteLevel"
+        self.concatenative: bool = isinstance(self._tok.decoder, decoders.ByteLevel)
         vocab = self._tok.get_vocab(with_added_tokens=True)
         self.vocab_size: int = len(vocab)
         # No token covers more text than this: a prompt of n chars has >= n / max_token_chars
