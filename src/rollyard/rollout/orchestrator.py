@@ -130,7 +130,8 @@ async def train(
         )
         say({"event": "phase", "phase": "sft", "detail": f"{what}, {cfg.sft.epochs} epochs"})
         if blackbox:  # the CLI's own prompts, answered with a finished turn
-            start = await cli_warm_start(train_tasks, start, run.root, cfg)
+            with ray_session(cfg, run.root):  # its engines may be Ray actors, on the run's cluster
+                start = await cli_warm_start(train_tasks, start, run.root, cfg)
         else:
             start = await warm_start(train_tasks, provider, start, run.root, cfg)
     say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
