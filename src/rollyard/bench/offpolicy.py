@@ -33,6 +33,7 @@ from typing import Any
 
 from rollyard.bench._readout import sft_model
 from rollyard.bench._report import loadavg, report
+from rollyard.core.errors import TrainError
 from rollyard.rollout.config import Config, builtin_config
 
 CONFIGS = ("onpolicy", "none", "token_tis", "seq_tis", "seq_mis", "geo_mask", "icepop")
@@ -99,6 +100,8 @@ async def _restore(url: str, model: Path) -> None:
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's figures from its metrics rows (step 0: the start's evaluation)."""
     steps = [r for r in rows if r["step"] > 0]
+    if not steps:
+        raise TrainError("an offpolicy run recorded no training step: see its run dir's logs")
     return {
         "start_success": rows[0].get("eval_success"),
         "end_success": rows[-1].get("eval_success"),
