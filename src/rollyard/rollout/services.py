@@ -104,13 +104,15 @@ class EngineFleet:
         async with self._lock:
             restarted: list[VLLMBackend] = []
             for server, backend in zip(self.servers, self.backends, strict=False):
-                if (server.alive() and backend.held is None) or self.closing:
+                # off the loop: a Ray engine's checks are remote calls (seconds on a lost node)
+                alive = await asyncio.to_thread(server.alive)
+                if (alive and backend.held is None) or self.closing:
                     continue
-                why = "died" if not server.alive() else f"is held out ({backend.held})"
+                why = "died" if not alive else f"is held out ({backend.held})"
                 log.warning("engine %s %s; restarting on weights v%d", backend.name, why, self.version)
                 if self.catch_up is not None:  # out of service until the live weights reach it
                     backend.hold("restarting; the live weights follow")
-                server.stop()
+                await asyncio.to_thread(server.stop)
                 server.model_dir = self.weights
                 server.weights_version = self.version  # the KV pool keys blocks by it
                 # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
