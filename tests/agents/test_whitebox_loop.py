@@ -167,3 +167,22 @@ async def test_the_opening_runs_first_and_only_the_required_turns_are_forced(
     assert [e.payload.call_id for e in result.events] == ["opening-0", "call_0", "call_1"]
     # the opening follows no model turn: no turn is penalised or chunked for it
     assert [e.turn_index for e in result.events] == [None, 0, 1]
+
+
+async def test_a_named_tool_choice_forces_that_tool_in_the_required_turns(provider: SandboxProvider) -> None:
+    replies = [
+        {"content": None, "tool_calls": [_call("bash", json.dumps({"command": "echo hi"}), 0)]},
+        {"content": "free text"},
+    ]
+    seen: list[dict[str, Any]] = []
+    cfg = AgentConfig(tool_choice="bash", required_turns=1)
+    sb = await provider.create(SandboxSpec())
+    try:
+        result = await WhiteBoxAgent(_client(replies, seen), cfg).run("task", sb)
+    finally:
+        await sb.close()
+    named = {"type": "function", "function": {"name": "bash"}}
+    assert [s.get("tool_choice") for s in seen] == [named, None]
+    assert result.exit_reason == ExitReason.FINAL_ANSWER
+    with pytest.raises(ValueError, match="tool_choice"):
+        AgentConfig(tool_choice="rm")  # type: ignore[arg-type]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import logging
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollyard.agents.context import ContextPolicy, Message, apply_policy, estimate_tokens, with_note
-from rollyard.agents.tools import TOOLS, ToolOutcome, run_tool
+from rollyard.agents.tools import TOOLS, ToolChoice, ToolOutcome, run_tool, tool_choice_param
 from rollyard.core.clock import Clock, SystemClock
 from rollyard.core.events import ContextRewriteEvent, Event, EventKind, ToolResultEvent
 from rollyard.sandbox.base import Sandbox
@@ -38,8 +38,9 @@ class AgentConfig(BaseModel):
     policies: list[ContextPolicy] = Field(default_factory=list)
     temperature: float | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    tool_choice: Literal["auto", "required"] = "auto"  # required: every turn calls a tool
-    # with tool_choice required: only the first N model turns are forced, later ones are the
+    # required: every turn calls a tool; a tool's name: every turn calls that one
+    tool_choice: ToolChoice = "auto"
+    # with tool_choice other than auto: only the first N model turns are forced, later ones are the
     # model's own choice (free text, sampled from the unconstrained policy); None: every turn
     required_turns: int | None = Field(default=None, ge=1)
     # bash commands run before the first model turn, in the conversation as the agent's own calls
@@ -127,7 +128,7 @@ class WhiteBoxAgent:
                     messages=messages,
                     tools=TOOLS,
                     **extra,  # type: ignore[arg-type]
-                    **({"tool_choice": cfg.tool_choice} if forced else {}),
+                    **({"tool_choice": tool_choice_param(cfg.tool_choice)} if forced else {}),
                 )
             except openai.BadRequestError as e:
                 reason = ExitReason.CONTEXT_EXCEEDED if "context" in str(e).lower() else ExitReason.ERROR

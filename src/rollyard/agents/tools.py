@@ -8,7 +8,7 @@ error message and the loop counts it (a process-reward signal).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +29,18 @@ def _fn(name: str, description: str, props: dict[str, str], required: list[str])
             },
         },
     }
+
+
+# What a white-box agent's forced turns ask for: a call to any tool ("required") or to the one
+# named (OpenAI's named-function tool_choice); "auto" forces nothing. Names match ``TOOLS``.
+ToolChoice = Literal["auto", "required", "bash", "read_file", "write_file", "submit"]
+
+
+def tool_choice_param(choice: ToolChoice) -> str | dict[str, Any]:
+    """The request's ``tool_choice`` for ``choice``."""
+    if choice in ("auto", "required"):
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 TOOLS: list[dict[str, Any]] = [

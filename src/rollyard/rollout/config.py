@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from rollyard.agents.context import PolicyKind
+from rollyard.agents.tools import ToolChoice
 from rollyard.core.errors import ConfigError, InvalidRequest
 from rollyard.core.net import is_loopback
 from rollyard.engines.pretrained import PRETRAINED
@@ -117,9 +118,10 @@ class AgentSection(Section):
     tool_timeout_s: float = Field(default=20.0, gt=0)
     max_tool_output_chars: int = Field(default=400, ge=64)
     # whitebox: ``required`` makes every model turn a tool call (the gateway constrains decoding
-    # to one well-formed call; the turn records it), so even a random model acts in its sandbox
-    tool_choice: Literal["auto", "required"] = "auto"
-    # whitebox, with tool_choice required: only the first N turns are forced; later turns are the
+    # to one well-formed call; the turn records it), so even a random model acts in its sandbox;
+    # a tool's name (bash, read_file, write_file, submit) forces a call to that tool
+    tool_choice: ToolChoice = "auto"
+    # whitebox, with tool_choice not auto: only the first N turns are forced; later turns are the
     # model's own (unconstrained) choice, whose logprobs are the policy's; None: every turn
     required_turns: int | None = Field(default=None, ge=1)
     # whitebox: bash commands run before the first model turn, shown as the agent's own calls with
@@ -269,8 +271,8 @@ class Config(Section):
                 raise ValueError(
                     "agent.context, tool_choice, required_turns and opening configure the whitebox agent only"
                 )
-        if self.agent.required_turns is not None and self.agent.tool_choice != "required":
-            raise ValueError("agent.required_turns needs agent.tool_choice: required")
+        if self.agent.required_turns is not None and self.agent.tool_choice == "auto":
+            raise ValueError("agent.required_turns needs agent.tool_choice: required (or a tool's name)")
         return self
 
 
