@@ -24,6 +24,7 @@ import yaml
 
 from rollyard.bench._model import bench_model, result_name
 from rollyard.bench._report import loadavg, report
+from rollyard.bench.e2e import workload as e2e_workload
 from rollyard.core.errors import ConfigError
 from rollyard.rollout.config import builtin_config
 from rollyard.rollout.netns import HEAD_IP, TwoNodeRay
@@ -34,22 +35,7 @@ RUN_S = 1200.0
 
 def workload(model: Path, steps: int) -> dict[str, Any]:
     """The e2e bench's workload (``bench/e2e.py``) with its own local engine."""
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(model),
-            "model.create": False,
-            "tasks.train.n": 8,
-            "run.steps": steps,
-            "run.group_size": 4,
-            "run.groups_per_step": 2,
-            "run.max_groups_in_flight": 4,
-            "run.progress": False,
-            "agent.max_turns": 4,
-            "agent.max_tokens": 32,
-        },
-    )
-    return cfg.model_dump(mode="json")
+    return builtin_config("quick", e2e_workload(model, steps)).model_dump(mode="json")
 
 
 TWO_NODES = {  # what a run on the namespaced cluster changes (tests/rollout/test_two_nodes.py too)

@@ -35,6 +35,22 @@ from rollyard.rollout.services import LOGPROBS_OF_SAMPLED
 KV_TOKENS = 16384
 
 
+def workload(model: Path, steps: int) -> dict[str, Any]:
+    """The bench's workload as overrides of the ``quick`` config (the two-node bench runs it too)."""
+    return {
+        "model.path": str(model),
+        "model.create": False,
+        "tasks.train.n": 8,
+        "run.steps": steps,
+        "run.group_size": 4,
+        "run.groups_per_step": 2,
+        "run.max_groups_in_flight": 4,
+        "run.progress": False,
+        "agent.max_turns": 4,
+        "agent.max_tokens": 32,
+    }
+
+
 async def _sample_kv(url: str, out: list[float], stop: asyncio.Event) -> None:
     backend = VLLMBackend(url)
     try:
@@ -49,23 +65,7 @@ async def _sample_kv(url: str, out: list[float], stop: asyncio.Event) -> None:
 async def _run(
     root: Path, url: str, model: Path, steps: int, publish: str = "memory"
 ) -> tuple[list[dict[str, Any]], list[float], float]:
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(model),
-            "model.create": False,
-            "engine.urls": [url],
-            "tasks.train.n": 8,
-            "run.steps": steps,
-            "run.group_size": 4,
-            "run.groups_per_step": 2,
-            "run.max_groups_in_flight": 4,
-            "run.progress": False,
-            "agent.max_turns": 4,
-            "agent.max_tokens": 32,
-            "publish.mode": publish,
-        },
-    )
+    cfg = builtin_config("quick", {**workload(model, steps), "engine.urls": [url], "publish.mode": publish})
     kv: list[float] = []
     stop = asyncio.Event()
     sampler = asyncio.create_task(_sample_kv(url, kv, stop))
