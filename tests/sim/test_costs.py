@@ -298,15 +298,16 @@ def test_the_gateway_fit_recovers_the_cost_it_was_given() -> None:
     truth = {
         "base_s": 1e-3,
         "per_prompt_token_s": 3e-7,
+        "per_new_token_s": 2e-6,
         "per_output_token_s": 2e-6,
         "per_stream_token_s": 3e-5,
     }
     points = []
-    for prompt in (100, 2000, 8000, 16000):
+    for prompt, new in ((100, 100), (2000, 700), (8000, 700), (16000, 16000)):
         for out, stream in ((32, False), (256, False), (32, True), (256, True)):
             per = truth["per_stream_token_s"] if stream else truth["per_output_token_s"]
-            cpu = truth["base_s"] + truth["per_prompt_token_s"] * prompt + per * out
-            points.append((float(prompt), float(out), stream, cpu))
+            cost = truth["base_s"] + truth["per_prompt_token_s"] * prompt + truth["per_new_token_s"] * new
+            points.append((float(prompt), float(new), float(out), stream, cost + per * out))
     got = fit_gateway(points)
     for k, v in truth.items():
         assert got[k] == pytest.approx(v, rel=1e-6)

@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _gateway
+from rollyard.bench._procs import ADMIN, _canned, _cpu_seconds, _gateway, pin
 from rollyard.sim.calibrate import fit_gateway
 from rollyard.sim.costs import GatewayCost
 from rollyard.sim.profile import write_yaml
@@ -42,11 +41,6 @@ WORDS = ("alpha", "beta", "gamma", "delta", "omega", "river", "stone", "cloud", 
 def text(words: int, salt: int) -> str:
     """About ``words`` words that differ per ``salt`` (no two programs' prompts alike)."""
     return " ".join(f"{WORDS[(i * 7 + salt) % len(WORDS)]}{(i + salt) % 97}" for i in range(words))
-
-
-def pin(pid: int, cores: str) -> None:
-    """Every thread of ``pid`` onto ``cores`` (``taskset -a -cp``)."""
-    subprocess.run(["taskset", "-a", "-cp", cores, str(pid)], check=True, capture_output=True)
 
 
 async def new_programs(session: aiohttp.ClientSession, url: str, n: int, out: int) -> list[str]:
@@ -104,8 +98,9 @@ async def _measure(
     tool_words: int,
     outputs: tuple[int, int],
     repeats: int,
-) -> list[tuple[float, float, bool, float]]:
-    points: list[tuple[float, float, bool, float]] = []
+) -> list[tuple[float, float, float, bool, float]]:
+    """(prompt tokens, new tokens, output tokens, streamed, gateway CPU s per request) per wave."""
+    points: list[tuple[float, float, float, bool, float]] = []
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as s:
@@ -117,10 +112,12 @@ async def _measure(
         for rep in range(repeats):
             keys = await new_programs(s, url, concurrency, short)
             convs = [[{"role": "user", "content": text(200, rep * 1000 + i)}] for i in range(concurrency)]
+            before = 0.0
             for t in range(turns):  # agent turns: each program's history grows
                 got, cpu = await _wave(s, url, pid, list(zip(keys, convs, strict=True)), short, False)
                 prompt = sum(g[0] for g in got) / len(got)
-                points.append((prompt, sum(g[1] for g in got) / len(got), False, cpu))
+                points.append((prompt, prompt - before, sum(g[1] for g in got) / len(got), False, cpu))
+                before = prompt
                 for i, (_, _, msg) in enumerate(got):
                     assert msg is not None
                     tool = {"role": "user", "content": text(tool_words, rep * 1000 + i + 31 * t)}
@@ -133,14 +130,15 @@ async def _measure(
                         for i, k in enumerate(keys)
                     ]
                     got, cpu = await _wave(s, url, pid, calls, out, stream)
-                    points.append((sum(g[0] for g in got) / len(got), out, stream, cpu))
+                    prompt = sum(g[0] for g in got) / len(got)
+                    points.append((prompt, prompt, out, stream, cpu))
     return points
 
 
 def measure_gateway(
     *, concurrency: int = 32, turns: int = 10, tool_words: int = 600, outputs: tuple[int, int] = (32, 256),
     repeats: int = 2, core: str | None = None,
-) -> list[tuple[float, float, bool, float]]:  # fmt: skip
+) -> list[tuple[float, float, float, bool, float]]:  # fmt: skip
     """Start the canned engine and a real gateway, time the waves; ``core`` pins the gateway."""
     canned = _canned(max_model_len=65536, token_interval_ms=1.0)
     with canned as (engine_url, model_dir), _gateway(engine_url, model_dir) as (url, pid):
@@ -152,13 +150,18 @@ def measure_gateway(
         )  # fmt: skip
 
 
-def gateway_cost(points: list[tuple[float, float, bool, float]], source: str) -> tuple[GatewayCost, str]:
+def gateway_cost(
+    points: list[tuple[float, float, float, bool, float]], source: str
+) -> tuple[GatewayCost, str]:
     """The fitted cost and a comment recording the points and the fit (the file's header)."""
     coef = fit_gateway(points)
     cost = GatewayCost(source=source, **{k: v for k, v in coef.items() if k != "max_rel_err"})
-    rows = ", ".join(f"({p:.0f},{o:.0f},{'s' if st else 'w'},{1000 * c:.2f})" for p, o, st, c in points)
+    rows = ", ".join(
+        f"({p:.0f},{n:.0f},{o:.0f},{'s' if st else 'w'},{1000 * c:.2f})" for p, n, o, st, c in points
+    )
     comment = (
-        f"fit: {coef}\npoints (prompt tokens, output tokens, whole/streamed, CPU ms per request): {rows}"
+        f"fit: {coef}\npoints (prompt tokens, new tokens, output tokens, whole/streamed, CPU ms per"
+        f" request): {rows}"
     )
     return cost, comment
 

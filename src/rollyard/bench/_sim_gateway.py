@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from rollyard.bench._gateway_calibrate import _measure, gateway_cost, pin
-from rollyard.bench._procs import _canned, _cpu_seconds, _gateway
+from rollyard.bench._gateway_calibrate import _measure, gateway_cost
+from rollyard.bench._procs import _canned, _cpu_seconds, _gateway, pin, pinned_here
 from rollyard.bench._sim_live import run_live
 from rollyard.sched import make_policy
 from rollyard.sim import Simulation
@@ -63,8 +63,13 @@ async def _hop(engine_url: str, n: int = 30) -> float:
 def gateway_bound(turns: int = 8, core: str = "0") -> dict[str, Any]:
     """Calibrate the pinned gateway, then each level live and simulated."""
     out: dict[str, Any] = {"core": core, "levels": {}, "load1_before": os.getloadavg()[0]}
-    canned = _canned(max_model_len=MAX_LEN, token_interval_ms=1.0)
+    # everything else (this client, the canned engine) on the other cores, so the gateway's
+    # core is its own, as the model has it
+    rest = sorted(os.sched_getaffinity(0) - {int(core)}) or [int(core)]
+    out["client_cores"] = ",".join(map(str, rest))
+    canned = _canned(max_model_len=MAX_LEN, token_interval_ms=1.0, cores=out["client_cores"])
     with (
+        pinned_here(set(rest)),
         canned as (engine_url, model_dir),
         _gateway(engine_url, model_dir, ["--policy", "fifo"]) as (url, pid),
     ):

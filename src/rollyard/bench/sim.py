@@ -238,7 +238,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "rank_ok": ranks[""][0],
     }
     big = None if extra else scale(quick, list(dict.fromkeys(["fifo", best])))
-    gw = None if extra else gateway_bound(turns=4 if quick else 8)
+    gw = None if extra else gateway_bound(turns=8 if quick else 24)
     if gw is not None:  # the simulated gateway queue where the gateway is the bottleneck
         summary["err_thr_gateway_bound"] = gw["err_thr_gateway_bound"]
     if big is not None:

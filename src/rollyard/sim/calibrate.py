@@ -136,12 +136,13 @@ def fit_terms(rows: list[list[float]], ys: list[float], names: list[str]) -> dic
     return out
 
 
-def fit_gateway(points: list[tuple[float, float, bool, float]]) -> dict[str, float]:
-    """The gateway's CPU per request, ``(prompt tokens, output tokens, streamed, CPU s)`` each,
-    fitted to ``GatewayCost``'s terms: a fixed part, per prompt token, per output token
-    answered whole and per output token streamed."""
-    rows = [[1.0, p, 0.0 if s else o, o if s else 0.0] for p, o, s, _ in points]
-    names = ["base_s", "per_prompt_token_s", "per_output_token_s", "per_stream_token_s"]
+def fit_gateway(points: list[tuple[float, float, float, bool, float]]) -> dict[str, float]:
+    """The gateway's CPU per request, ``(prompt tokens, new tokens, output tokens, streamed, CPU
+    s)`` each, fitted to ``GatewayCost``'s terms: a fixed part, per prompt token, per new token
+    (what the request added to its conversation), per output token answered whole and per
+    output token streamed."""
+    rows = [[1.0, p, n, 0.0 if s else o, o if s else 0.0] for p, n, o, s, _ in points]
+    names = ["base_s", "per_prompt_token_s", "per_new_token_s", "per_output_token_s", "per_stream_token_s"]
     return fit_terms(rows, [c for *_, c in points], names)
 
 

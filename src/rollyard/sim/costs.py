@@ -2,14 +2,16 @@
 trainer's step, and the publication of each new policy version. Optional sections of an
 engine profile; a profile without them charges nothing there (the simulator as it was).
 
-Gateway: a request costs ``base_s + per_prompt_token_s * prompt`` of CPU on its way in
-(parse, render, schedule) and ``base_s`` split evenly with it plus ``per_output_token_s`` (or,
-when clients stream, ``per_stream_token_s``) per generated token on its way back (decode,
-record, journal, answer). The coefficients come from ``rollyard sim calibrate --gateway``,
-which times the real gateway in front of the canned engine: nothing here assumes how the cost
-grows with history, so a gateway whose cost stops growing calibrates to a small
-``per_prompt_token_s``. ``shards`` gateway processes of ``cores_per_shard`` cores each are the
-servers; a program stays on one shard (the gateway shards by program).
+Gateway: a request costs ``base_s + per_prompt_token_s * prompt + per_new_token_s * new`` of
+CPU on its way in (parse, render, schedule; ``new``: the tokens the request adds to its
+conversation, which the gateway renders and tokenizes now, a first turn's whole prompt) and
+``base_s`` split evenly with it plus ``per_output_token_s`` (or, when clients stream,
+``per_stream_token_s``) per generated token on its way back (decode, record, journal, answer).
+The coefficients come from ``rollyard sim calibrate --gateway``, which times the real gateway
+in front of the canned engine: nothing here assumes how the cost grows with history, so a
+gateway whose cost stops growing calibrates to a small ``per_prompt_token_s``. ``shards``
+gateway processes of ``cores_per_shard`` cores each are the servers; a program stays on one
+shard (the gateway shards by program).
 
 Trainer: a step trains the batch's tree-merged tokens (a group's task prompt once, each
 member's own tokens after it) in ``6 x params x tokens / (gpus x peak_flops x mfu)`` seconds
@@ -40,6 +42,7 @@ class GatewayCost(_Model):
     source: str = ""  # the calibration it came from
     base_s: float = Field(ge=0)  # CPU seconds per request, whatever its size
     per_prompt_token_s: float = Field(default=0.0, ge=0)  # per token of the request's prompt (its history)
+    per_new_token_s: float = Field(default=0.0, ge=0)  # per token the request adds (rendered now)
     per_output_token_s: float = Field(default=0.0, ge=0)  # per generated token, answered whole
     per_stream_token_s: float = Field(default=0.0, ge=0)  # per generated token, streamed
     stream: bool = False  # whether the clients stream (agent CLIs do)
@@ -50,17 +53,19 @@ class GatewayCost(_Model):
     def servers(self) -> int:
         return self.shards * self.cores_per_shard
 
-    def in_s(self, prompt_tokens: int) -> float:
-        """CPU on the way in: half the fixed cost, and the prompt's."""
-        return 0.5 * self.base_s + self.per_prompt_token_s * prompt_tokens
+    def in_s(self, prompt_tokens: int, new_tokens: int | None = None) -> float:
+        """CPU on the way in: half the fixed cost, the prompt's and its new tokens' (all of them
+        when ``new_tokens`` is not given: a first turn)."""
+        new = prompt_tokens if new_tokens is None else new_tokens
+        return 0.5 * self.base_s + self.per_prompt_token_s * prompt_tokens + self.per_new_token_s * new
 
     def out_s(self, output_tokens: int) -> float:
         """CPU on the way back: the other half, and the answer's tokens."""
         per = self.per_stream_token_s if self.stream else self.per_output_token_s
         return 0.5 * self.base_s + per * output_tokens
 
-    def request_s(self, prompt_tokens: int, output_tokens: int) -> float:
-        return self.in_s(prompt_tokens) + self.out_s(output_tokens)
+    def request_s(self, prompt_tokens: int, output_tokens: int, new_tokens: int | None = None) -> float:
+        return self.in_s(prompt_tokens, new_tokens) + self.out_s(output_tokens)
 
 
 def shards_needed(work_s: float, makespan_s: float, cores_per_shard: int, target: float = 0.7) -> int:

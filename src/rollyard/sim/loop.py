@@ -239,8 +239,8 @@ class Simulation(PeriodicWork):
         if self.gateway is None:
             self._submit(pid)
             return
-        prompt = p.plan.turns[p.turn].prompt_tokens
-        self._via_gateway(pid, self.gateway.cost.in_s(prompt), ("in", pid))
+        cost = self.gateway.cost.in_s(p.plan.turns[p.turn].prompt_tokens, p.plan.new_tokens(p.turn))
+        self._via_gateway(pid, cost, ("in", pid))
 
     def _via_gateway(self, pid: str, service_s: float, job: tuple[str, str]) -> None:
         assert self.gateway is not None

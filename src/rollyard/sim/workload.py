@@ -176,6 +176,12 @@ class ProgramPlan:
     turns: list[Turn]
     start_s: float = 0.0  # its first request, after the run's start (a live trace's; drawn plans: 0)
 
+    def new_tokens(self, turn: int) -> int:
+        """Prompt tokens turn ``turn`` adds to the previous turn's prompt (its answer, the tool's
+        result): what the gateway renders now; a first turn's whole prompt."""
+        now = self.turns[turn].prompt_tokens
+        return now if turn == 0 else max(0, now - self.turns[turn - 1].prompt_tokens)
+
 
 def workload_names() -> list[str]:
     folder = resources.files("rollyard.sim") / "workloads"
