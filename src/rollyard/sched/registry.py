@@ -170,11 +170,12 @@ def make_policy(
     return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t, on_release=a in ON_RELEASE)
 
 
-def policy_from_spec(spec: str) -> Policy:
+def policy_from_spec(spec: str, **defaults: Any) -> Policy:
     """``NAME`` or ``NAME,key=value,...``: keys are ``router``, ``admission``, ``order``,
-    ``tick_s`` or an option (``max_hold_s=20``); a bad key or value is a ConfigError."""
+    ``tick_s`` or an option (``max_hold_s=20``); a bad key or value is a ConfigError.
+    ``defaults``: options the spec may override (``rollyard sim --kv-pool``'s ``pool_load_tok_s``)."""
     name, *parts = [s.strip() for s in spec.split(",") if s.strip()] or [""]
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = dict(defaults)
     for part in parts:
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
