@@ -50,6 +50,18 @@ class GatewayMetrics:
         )
         self.pauses = Counter("rollyard_sched_pauses", "Programs paused (KV pressure)", registry=r)
         self.restores = Counter("rollyard_sched_restores", "Paused programs restored", registry=r)
+        self.pd_prefills = Counter(
+            "rollyard_gateway_pd_prefills",
+            "First prompts prefilled on a prefill engine for a decode engine (engine.role)",
+            ["engine"],
+            registry=r,
+        )
+        self.pd_prefill_s = Histogram(
+            "rollyard_gateway_pd_prefill_seconds",
+            "Seconds a prefill engine took for a first prompt",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.pool_restores = Counter(
             "rollyard_sched_pool_restores",
             "Restores placed off the program's engine, its context charged a load from the KV pool",

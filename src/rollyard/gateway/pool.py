@@ -31,9 +31,11 @@ class EnginePool:
         metrics: GatewayMetrics,
         capacity: int = 256,
         share: float = 1.0,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         """``share``: this gateway shard's fraction of every engine (``gateway/shards.py``): its
-        request slots and KV tokens are scaled by it, so the shards' sum is the engine's."""
+        request slots and KV tokens are scaled by it, so the shards' sum is the engine's.
+        ``roles``: engine -> ``engine.role`` (absent: both); prefill engines hold no program."""
         if not backends:
             raise EngineUnavailable("no engine is configured")
         self.backends = dict(backends)
@@ -45,9 +47,11 @@ class EnginePool:
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
         self._hooks: list[Callable[[Pause | Restore], None]] = []
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
-        self.counts: Counter[str] = Counter(pauses=0, restores=0, moves=0, pool_restores=0, pool_moves=0)
+        self.counts: Counter[str] = Counter(
+            pauses=0, restores=0, moves=0, pool_restores=0, pool_moves=0, pd_prefills=0
+        )
         for name in self.backends:
-            scheduler.add_engine(name, shared_capacity(capacity, share))
+            scheduler.add_engine(name, shared_capacity(capacity, share), role=(roles or {}).get(name, "both"))
             metrics.engine_up.labels(name).set(1)
 
     @property
@@ -147,7 +151,7 @@ class EnginePool:
             try:
                 stats = await backend.stats()
             except Exception as e:  # any failure to answer means: do not route here
-                if name in self.scheduler.healthy_engines():
+                if name in self.scheduler.up_engines():
                     self.mark_down(name, type(e).__name__)
                 continue
             self.scheduler.update_engine(

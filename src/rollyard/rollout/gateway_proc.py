@@ -124,9 +124,13 @@ def gateway_spec(
     return GatewayProcessSpec(
         engines=[
             EngineSpec(
-                name=b.name, url=b.url, version=b.policy_version, max_model_len=cfg.engine.max_model_len
+                name=b.name,
+                url=b.url,
+                version=b.policy_version,
+                max_model_len=cfg.engine.max_model_len,
+                role=role,
             )
-            for b in backends
+            for b, role in zip(backends, cfg.engine.roles(), strict=True)
         ],
         model_dir=model_dir,
         model_name=MODEL_NAME,
@@ -142,6 +146,7 @@ def gateway_spec(
             **s.options,
         },
         divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
+        pd_min_prompt_tokens=cfg.gateway.pd_min_prompt_tokens,
         limits=cfg.gateway.limits,
     )
 

@@ -25,6 +25,8 @@ CONNECTORS = {
     "mooncake": ("MooncakeStoreConnector", None),
 }
 DEFAULT_ROOT = "/dev/shm/rollyard-kv-pool"
+Role = Literal["both", "prefill", "decode"]  # ``engine.role``: what an engine does in prefill/decode split
+KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}  # vLLM's kv_role
 # Bytes/s a context loads from each pool, for the scheduler's cost of a move or restore when
 # ``load_bytes_per_s`` is not set (docs/kv-pool.md, "The scheduler"). local: measured, 256 KiB
 # tiny-model blocks read from /dev/shm and copied into a paged cache, 0.30 ms each (0.88 GB/s, load
@@ -72,13 +74,14 @@ class KVPoolConfig(BaseModel):
             return 0.0
         return (self.load_bytes_per_s or LOAD_BYTES_PER_S[self.kind]) / kv_bytes_per_token
 
-    def transfer_config(self, *, epoch: int = 0) -> dict[str, Any] | None:
-        """The ``--kv-transfer-config`` value; ``epoch``: the weights' version the engine starts on."""
+    def transfer_config(self, *, epoch: int = 0, role: Role = "both") -> dict[str, Any] | None:
+        """The ``--kv-transfer-config`` value; ``epoch``: the weights' version the engine starts on;
+        ``role``: the engine's part in a prefill/decode split (vLLM's ``kv_role``)."""
         if self.kind == "none":
             return None
         name, module = CONNECTORS[self.kind]
         extra = dict(self.extra)
-        cfg: dict[str, Any] = {"kv_connector": name, "kv_role": "kv_both"}
+        cfg: dict[str, Any] = {"kv_connector": name, "kv_role": KV_ROLES[role]}
         if self.kind == "local":
             extra.update(root=self.root, epoch=epoch)
         if self.kind == "mooncake":
@@ -92,10 +95,12 @@ class KVPoolConfig(BaseModel):
         cfg["kv_connector_extra_config"] = extra
         return cfg
 
-    def engine_args(self, *, cuda: bool, epoch: int = 0) -> list[str]:
+    def engine_args(self, *, cuda: bool, epoch: int = 0, role: Role = "both") -> list[str]:
         """The engine's flags (``lmcache`` needs a CUDA engine, see the module doc)."""
-        cfg = self.transfer_config(epoch=epoch)
+        cfg = self.transfer_config(epoch=epoch, role=role)
         if cfg is None:
+            if role != "both":
+                raise ConfigError(f"engine role {role!r} needs engine.kv_pool: the KV moves through it")
             return []
         if self.kind == "lmcache" and not cuda:
             raise ConfigError(
