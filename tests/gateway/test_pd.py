@@ -79,3 +79,17 @@ def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> N
     local = KVPoolConfig(kind="local", root="/dev/shm/x")
     roles = {r: local.transfer_config(role=r)["kv_role"] for r in ("both", "prefill", "decode")}  # type: ignore[index]
     assert roles == {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@pytest.mark.parametrize(
+    ("args", "why"), [(["--role", "sideways"], "--role"), (["--role", "decode"], "needs --kv-pool")]
+)
+def test_engine_serve_refuses_a_bad_role_before_starting(args: list[str], why: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollyard.cli import _register, app
+    from rollyard.core.errors import ConfigError
+
+    _register()
+    res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), *args])
+    assert isinstance(res.exception, ConfigError) and why in res.exception.message
