@@ -93,3 +93,22 @@ def test_engine_serve_refuses_a_bad_role_before_starting(args: list[str], why: s
     _register()
     res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), *args])
     assert isinstance(res.exception, ConfigError) and why in res.exception.message
+
+
+def test_a_runs_roles_reach_its_gateway_process(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``rollyard train``'s path: config -> GatewayProcessSpec -> the gateway process's app."""
+    from rollyard.gateway.process import build_app
+    from rollyard.rollout.gateway_proc import gateway_spec
+    from rollyard.rollout.remote_fence import RemoteFenced
+
+    cfg = Config.model_validate({
+        "model": {"path": "m"}, "gateway": {"pd_min_prompt_tokens": 300},
+        "engine": {"count": 2, "role": ["prefill", "decode"], "kv_pool": {"kind": "local"}},
+    })  # fmt: skip
+    backends = [RemoteFenced(f"http://127.0.0.1:{9000 + i}", name=f"engine{i}") for i in range(2)]
+    spec = gateway_spec(cfg, tmp_path, backends, tiny_model_dir, 8123, None)
+    assert [e.role for e in spec.engines] == ["prefill", "decode"] and spec.pd_min_prompt_tokens == 300
+    assert spec.policy["pool_load_tok_s"] > 0  # from engine.kv_pool
+    gw = build_app(spec, ADMIN).state.gateway
+    assert gw.pd is not None and gw.pd.names == ["engine0"] and gw.pd.min_prompt_tokens == 300
+    assert gw.pool.scheduler.healthy_engines() == ["engine1"]
