@@ -3,7 +3,8 @@
 Two real vLLM engines (the tiny model, a 2,048-token KV cache each, so other traffic evicts a
 paused program's KV) run the same workload three times: sharing ``engine.kv_pool: {kind:
 mooncake}`` (skipped where the package is missing), sharing ``{kind: local}``, and with no pool.
-The headline ratios are the first pool's; ``local_*`` the second's.
+The headline ratios are the first pool's; ``local_*`` the second's; ``pd_*`` compare
+prefill/decode roles with colocated serving (``bench._kvpool_pd``).
 Each program is a two-turn conversation: turn 1 (a ~600-token
 prompt, 64 generated tokens), then turn 2 = turn 1's prompt + its output + a 40-token tool reply.
 
@@ -34,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from rollyard.bench._kvpool_pd import pd_phase
 from rollyard.bench._model import bench_model
 from rollyard.bench._report import loadavg, report
 from rollyard.core.engine_key import engine_headers
@@ -52,6 +54,7 @@ TURN1_TOKENS = 64
 REPLY = 40
 TURN2_TOKENS = 16
 FILLER = 900  # tokens per filler prompt; three overfill the 2,048-token cache
+PD_KV_TOKENS = 8192  # the pd phase's engines: every program's context fits the decode engine at once
 
 
 def _complete(url: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
@@ -208,6 +211,11 @@ def main(quick: bool = False) -> dict[str, Any]:
                 master.stop()
         runs["local"] = _run(model, tmp, "local", KVPoolConfig(kind="local", root=str(root)), n, vocab)
         runs["plain"] = _run(model, tmp, "plain", KVPoolConfig(), n, vocab)
+        pd_root = Path(tempfile.mkdtemp(prefix="rollyard-kvpool-pd-", dir=shm))
+        try:
+            pd = pd_phase(model, tmp, pd_root, n, vocab, PD_KV_TOKENS, MAX_MODEL_LEN)
+        finally:
+            shutil.rmtree(pd_root, ignore_errors=True)
         first = "mooncake" if "mooncake" in runs else "local"
         summary = {"pool": first, **_compare(runs[first], runs["plain"])}
         if first != "local":
@@ -218,6 +226,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         summary["plain_migrate_latency_s"] = statistics.median(
             r["latency_s"] for r in runs["plain"]["migrate"]
         )
+        summary.update(pd)
         summary["programs"] = n
         details = {
             "runs": runs,

@@ -53,6 +53,9 @@ def serve(
         help="share KV with other engines (docs/kv-pool.md): none, local[:DIR] (a directory all "
         "engines on this host see) or mooncake:HOST:PORT (a running mooncake_master)",
     ),
+    role: str = typer.Option(
+        "both", "--role", help="prefill, decode or both: its part in a prefill/decode split (needs --kv-pool)"
+    ),
 ) -> None:
     """Start vLLM, wait until healthy, print its URL, and stop its whole process group on exit."""
     from pydantic import ValidationError
@@ -64,6 +67,8 @@ def serve(
     from rollyard.engines.kvpool import KVPoolConfig
     from rollyard.engines.launcher import VLLMServer
 
+    if role not in ("both", "prefill", "decode"):
+        raise ConfigError(f"--role {role!r}: prefill, decode or both")
     if logprobs_mode not in ("processed_logprobs", "raw_logprobs"):
         raise ConfigError(f"--logprobs-mode {logprobs_mode!r}: processed_logprobs or raw_logprobs")
     try:
@@ -76,10 +81,12 @@ def serve(
         pool = KVPoolConfig.model_validate({"kind": kind, **where})
     except ValidationError as e:
         raise ConfigError(f"--kv-pool {kv_pool!r}: {e.errors()[0]['msg']}") from e
+    if role != "both" and not pool.enabled:
+        raise ConfigError(f"--role {role} needs --kv-pool: the prompt's KV moves through the pool")
     server = VLLMServer(
         model, port=port, host=host, kv_tokens=kv_tokens, dtype=dtype, max_model_len=max_model_len,
         log_path=log_file, startup_timeout_s=timeout, drafting=draft, kv_pool=pool,
-        extra_args=["--logprobs-mode", logprobs_mode],
+        extra_args=["--logprobs-mode", logprobs_mode], role=role,  # type: ignore[arg-type]
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)
     with server:

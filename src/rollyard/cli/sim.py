@@ -11,11 +11,11 @@ from rollyard.cli import app
 from rollyard.core.errors import ConfigError
 
 
-def parse_policy(spec: str):  # type: ignore[no-untyped-def]
+def parse_policy(spec: str, **defaults: float):  # type: ignore[no-untyped-def]
     """``NAME`` or ``NAME,part=value,...`` (parts: router, admission, order, tick_s, or an option)."""
     from rollyard.sched.registry import policy_from_spec
 
-    return policy_from_spec(spec)
+    return policy_from_spec(spec, **defaults)
 
 
 @app.command("sim")
@@ -45,6 +45,11 @@ def sim(
     ),
     gateway_shards: int | None = typer.Option(None, help="override the gateway's shard count"),
     publish_mode: str | None = typer.Option(None, help="override the profile's publish mode: disk or memory"),
+    kv_pool: bool = typer.Option(
+        False,
+        "--kv-pool",
+        help="the engines share a KV pool (docs/kv-pool.md)",
+    ),
 ) -> None:
     """Simulate WORKLOAD under each --policy and write a report directory, or calibrate a profile."""
     if target == "calibrate" and gateway:
@@ -81,13 +86,15 @@ def sim(
     cost = load_gateway(gateway_cost) if gateway_cost else None
     prof = prof.with_costs(gateway=cost, shards=gateway_shards, publish_mode=publish_mode)
     results = []
+    pooled = {"pool_load_tok_s": round(prof.pool_load_tok_s, 1)} if kv_pool else {}
     for spec in policy:
-        r = Simulation(w, parse_policy(spec), prof).run()
+        r = Simulation(w, parse_policy(spec, **pooled), prof, kv_pool=kv_pool).run()
         s = r.summary
         typer.echo(
             f"{r.policy}: output_tok_s={s['output_tok_s']:.1f} program_p50_s={s['program_p50_s']:.1f} "
             f"program_p99_s={s['program_p99_s']:.1f} preemptions={s['preemptions']} pauses={s['pauses']} "
-            f"wall_s={s['wall_s']:.1f}"
+            f"moves={s['moves']} prefill_tokens={s['prefill_tokens']} "
+            f"pool_loaded_tokens={s['pool_loaded_tokens']} wall_s={s['wall_s']:.1f}"
         )
         if "trainer_steps" in s:
             typer.echo(

@@ -32,7 +32,7 @@ from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import free_port
 from rollyard.engines.access import MIDDLEWARE
 from rollyard.engines.drafting.config import DraftingConfig
-from rollyard.engines.kvpool.config import KVPoolConfig
+from rollyard.engines.kvpool.config import KVPoolConfig, Role
 from rollyard.engines.tiny_model import check_model_dir, model_positions
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ class VLLMServer:
     leaves instead, the weights are bf16 (fp32 on CPU) and ``tensor_parallel_size`` shards the
     model (GPU paths untested). ``cpu_threads`` pins the engine's OpenMP threads. ``drafting``
     turns on speculative decoding (``engine.drafting``); ``kv_pool`` a KV pool shared with
-    other engines (``engine.kv_pool``), keyed by ``weights_version``.
+    other engines (``engine.kv_pool``), keyed by ``weights_version``; ``role`` the engine's part
+    in a prefill/decode split (``engine.role``, vLLM's ``kv_role`` on the pool's connector).
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class VLLMServer:
         weights_version: int = 0,
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.9,
+        role: Role = "both",
     ) -> None:
         self.model_dir = Path(model_dir)
         self.host = host
@@ -151,6 +153,7 @@ class VLLMServer:
         self.drafting = drafting or DraftingConfig()
         self.kv_pool = kv_pool or KVPoolConfig()
         self.weights_version = weights_version  # the pool keys KV by it (``kvpool.connector``)
+        self.role: Role = role  # prefill/decode split (``engine.role``): the pool connector's kv_role
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -187,7 +190,7 @@ class VLLMServer:
                 )
             blocks = math.ceil(self.kv_tokens / self.block_size)
             args += ["--num-gpu-blocks-override", str(blocks)]
-        args += self.kv_pool.engine_args(cuda=has_cuda_gpu(), epoch=self.weights_version)
+        args += self.kv_pool.engine_args(cuda=has_cuda_gpu(), epoch=self.weights_version, role=self.role)
         return args + self.drafting.engine_args() + self.extra_args
 
     def environment(self) -> dict[str, str]:

@@ -29,6 +29,7 @@ from rollyard.gateway.hot_path import GatewayApp
 from rollyard.gateway.idle import IdlePrograms, reap_forever
 from rollyard.gateway.limits import BodyLimit
 from rollyard.gateway.metrics import GatewayMetrics, watch_loop_lag
+from rollyard.gateway.pd import PrefillStage
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
@@ -54,20 +55,27 @@ def build_gateway(
     capacity: int = 256,
     divide_tokens: int | None = None,
     share: float = 1.0,
+    roles: Mapping[str, str] | None = None,
+    pd_min_prompt_tokens: int = 512,
 ) -> Gateway:
     """The gateway's parts; ``divide_tokens`` turns on divided rollout with chunks of that size;
-    ``share``: the fraction of every engine this gateway (one of several shards) schedules."""
+    ``share``: the fraction of every engine this gateway (one of several shards) schedules;
+    ``roles``: engine -> ``engine.role``: with prefill engines, first prompts of at least
+    ``pd_min_prompt_tokens`` are prefilled there (``gateway.pd``)."""
     clock = clock or SystemClock()
     metrics = GatewayMetrics()
     journal = SqliteJournal(journal_path)
     programs = ProgramTable(journal, clock, admin_token)
     if isinstance(policy, str):
         policy = make_policy(policy)
-    pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity, share)
+    pool = EnginePool(backends, Scheduler(clock, policy), metrics, capacity, share, roles)
     divided = Divided(divide_tokens) if divide_tokens else None
-    return Gateway(
+    gw = Gateway(
         pool, Renderer(tokenizer), programs, journal, clock, metrics, model_name, strict_model, divided
     )
+    if any(r == "prefill" for r in (roles or {}).values()):
+        gw.pd = PrefillStage(pool, pd_min_prompt_tokens)
+    return gw
 
 
 def create_app(

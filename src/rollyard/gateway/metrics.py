@@ -50,6 +50,23 @@ class GatewayMetrics:
         )
         self.pauses = Counter("rollyard_sched_pauses", "Programs paused (KV pressure)", registry=r)
         self.restores = Counter("rollyard_sched_restores", "Paused programs restored", registry=r)
+        self.pd_prefills = Counter(
+            "rollyard_gateway_pd_prefills",
+            "First prompts prefilled on a prefill engine for a decode engine (engine.role)",
+            ["engine"],
+            registry=r,
+        )
+        self.pd_prefill_s = Histogram(
+            "rollyard_gateway_pd_prefill_seconds",
+            "Seconds a prefill engine took for a first prompt",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pool_restores = Counter(
+            "rollyard_sched_pool_restores",
+            "Restores placed off the program's engine, its context charged a load from the KV pool",
+            registry=r,
+        )
         self.hold = Histogram(
             "rollyard_sched_hold_seconds",
             "How long a restored program was held (paused or unplaced)",
@@ -57,7 +74,10 @@ class GatewayMetrics:
             registry=r,
         )
         self.moves = Counter(
-            "rollyard_sched_moves", "Programs re-homed to another engine", ["why"], registry=r
+            "rollyard_sched_moves",
+            "Programs re-homed to another engine (why: cost, pool: cost with a KV pool load, replaced)",
+            ["why"],
+            registry=r,
         )
         self.active_tokens = Gauge(
             "rollyard_sched_active_tokens",

@@ -31,9 +31,11 @@ class EnginePool:
         metrics: GatewayMetrics,
         capacity: int = 256,
         share: float = 1.0,
+        roles: Mapping[str, str] | None = None,
     ) -> None:
         """``share``: this gateway shard's fraction of every engine (``gateway/shards.py``): its
-        request slots and KV tokens are scaled by it, so the shards' sum is the engine's."""
+        request slots and KV tokens are scaled by it, so the shards' sum is the engine's.
+        ``roles``: engine -> ``engine.role`` (absent: both); prefill engines hold no program."""
         if not backends:
             raise EngineUnavailable("no engine is configured")
         self.backends = dict(backends)
@@ -45,9 +47,11 @@ class EnginePool:
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
         self._hooks: list[Callable[[Pause | Restore], None]] = []
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
-        self.counts: Counter[str] = Counter(pauses=0, restores=0, moves=0)
+        self.counts: Counter[str] = Counter(
+            pauses=0, restores=0, moves=0, pool_restores=0, pool_moves=0, pd_prefills=0
+        )
         for name in self.backends:
-            scheduler.add_engine(name, shared_capacity(capacity, share))
+            scheduler.add_engine(name, shared_capacity(capacity, share), role=(roles or {}).get(name, "both"))
             metrics.engine_up.labels(name).set(1)
 
     @property
@@ -118,15 +122,17 @@ class EnginePool:
         self._hooks.append(hook)
 
     def _pump(self) -> None:
-        moved: set[str] = set()
+        moved: dict[str, bool] = {}  # program -> whether its move loads from the KV pool
         for d in self.scheduler.dispatch():
             if isinstance(d, Move):
-                moved.add(d.program_id)  # the following Start carries moved_from
+                moved[d.program_id] = d.pooled  # the following Start carries moved_from
                 log.info("program moved id=%s src=%s dst=%s why=%s", d.program_id, d.src, d.dst, d.reason)
                 continue
             if d.moved_from is not None:
-                self.metrics.moves.labels("cost" if d.program_id in moved else "replaced").inc()
+                why = "replaced" if d.program_id not in moved else "pool" if moved[d.program_id] else "cost"
+                self.metrics.moves.labels(why).inc()
                 self.counts["moves"] += 1
+                self.counts["pool_moves"] += why == "pool"
             fut = self._waiters.pop(d.request_id, None)
             if fut is None or fut.done():
                 self.scheduler.complete(d.request_id)
@@ -145,7 +151,7 @@ class EnginePool:
             try:
                 stats = await backend.stats()
             except Exception as e:  # any failure to answer means: do not route here
-                if name in self.scheduler.healthy_engines():
+                if name in self.scheduler.up_engines():
                     self.mark_down(name, type(e).__name__)
                 continue
             self.scheduler.update_engine(
@@ -207,7 +213,13 @@ class EnginePool:
             else:
                 self.metrics.restores.inc()
                 self.metrics.hold.observe(d.held_s)
-                log.info("program restored id=%s engine=%s held_s=%.2f", d.program_id, d.engine, d.held_s)
+                if d.pooled:
+                    self.metrics.pool_restores.inc()
+                    self.counts["pool_restores"] += 1
+                log.info(
+                    "program restored id=%s engine=%s held_s=%.2f pooled=%s",
+                    d.program_id, d.engine, d.held_s, d.pooled,
+                )  # fmt: skip
             for hook in self._hooks:
                 hook(d)
 

@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,7 @@ class EngineSpec(BaseModel):
     url: str
     version: int = Field(default=0, ge=0)  # the weights it serves at start
     max_model_len: int | None = Field(default=None, ge=1)
+    role: Literal["both", "prefill", "decode"] = "both"  # engine.role (prefill: first prompts only)
 
 
 class GatewayProcessSpec(BaseModel):
@@ -55,6 +56,7 @@ class GatewayProcessSpec(BaseModel):
     workers: int = Field(default=1, ge=1)  # shards (``gateway/shards.py``): port + k, journal-k.db
     policy: dict[str, Any] = Field(default_factory=lambda: {"policy": "fifo"})  # make_policy's arguments
     divide_tokens: int | None = Field(default=None, ge=1)
+    pd_min_prompt_tokens: int = Field(default=512, ge=1)
     limits: GatewayLimits = Field(default_factory=GatewayLimits)
 
     def layout(self, index: int) -> ShardLayout:
@@ -92,6 +94,8 @@ def build_app(spec: GatewayProcessSpec, admin_token: str, layout: ShardLayout | 
         policy=policy,
         divide_tokens=spec.divide_tokens,
         share=layout.share,
+        roles={e.name: e.role for e in spec.engines},
+        pd_min_prompt_tokens=spec.pd_min_prompt_tokens,
     )
     return create_app(gw, limits=spec.limits, layout=layout)
 

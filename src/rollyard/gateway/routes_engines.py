@@ -62,7 +62,7 @@ async def engines(request: Request) -> dict[str, Any]:
     since the previous call (``loop_lag_p99_ms``, ``loop_lag_max_ms``)."""
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
-    healthy = set(gw.pool.scheduler.healthy_engines())
+    healthy = set(gw.pool.scheduler.up_engines())
     rows = [
         {
             "name": name,
@@ -88,7 +88,7 @@ async def refresh(request: Request) -> dict[str, Any]:
     gw = gateway(request)
     gw.programs.require_admin(api_key(request))
     await gw.pool.refresh()
-    return {"healthy": gw.pool.scheduler.healthy_engines()}
+    return {"healthy": gw.pool.scheduler.up_engines()}
 
 
 @router.post("/engines/{name}/hold")

@@ -23,6 +23,7 @@ from rollyard.gateway.body_prefix import BodyPrefix, Seen
 from rollyard.gateway.divided import Divided, Generated, continues, run_divided
 from rollyard.gateway.guard import GuardedBackend
 from rollyard.gateway.metrics import GatewayMetrics
+from rollyard.gateway.pd import PrefillStage
 from rollyard.gateway.pool import EnginePool
 from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
@@ -58,6 +59,7 @@ class Gateway:
         self.clock, self.metrics = clock, metrics
         self.model_name, self.strict_model = model_name, strict_model
         self.divided = divided  # None: every generation runs in one piece
+        self.pd: PrefillStage | None = None  # prefill engines take long first prompts (engine.role)
         live = {p.id for p in programs.all() if not p.state.is_over}
         self.conversations: dict[str, ConversationState] = journal.load_conversations(only=live)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -213,6 +215,12 @@ class Gateway:
             request, program, len(plan.prompt_ids), context_limit(program, self.pool.max_model_len)
         )
         streamer = TextStreamer(self.renderer.tok)
+        pd_s = 0.0  # engine time on a prefill engine (engine.role), before the decode engine's
+        if self.pd is not None and self.pd.applies(
+            program.id not in self.conversations, len(plan.prompt_ids)
+        ):
+            await self.pd.prefill(plan.prompt_ids, params)  # its decode engine loads the prompt's KV
+            pd_s = self.clock.now() - submitted
 
         def call(ids: list[int], p: SamplingParams, chunk: int, before: int, left_after: int) -> Any:
             return self._generate(program, request, ids, p, streamer, chunk, before, left_after)
@@ -232,8 +240,9 @@ class Gateway:
             gen.notes["priority"] = gen.dispatch.priority
         result = await self._record(program, request, plan, params, gen, submitted)
         now = self.clock.now()
-        result.engine_s, result.gateway_s = gen.engine_s, now - entered - gen.engine_s
-        self.metrics.finished(request.api, now - submitted, gen.engine_s)
+        engine_s = gen.engine_s + pd_s
+        result.engine_s, result.gateway_s = engine_s, now - entered - engine_s
+        self.metrics.finished(request.api, now - submitted, engine_s)
         yield result
 
     async def _generate(

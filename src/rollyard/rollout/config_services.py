@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rollyard.core.errors import ConfigError
 from rollyard.engines.drafting.config import DraftingConfig
-from rollyard.engines.kvpool.config import KVPoolConfig
+from rollyard.engines.kvpool.config import KVPoolConfig, Role
 from rollyard.gateway.settings import GatewayLimits
 from rollyard.sandbox.base import Limits
 from rollyard.sched import Policy, make_policy
@@ -33,6 +33,10 @@ class EngineConfig(Section):
     restart_on_death: bool = True
     drafting: DraftingConfig = Field(default_factory=DraftingConfig)  # speculative decoding
     kv_pool: KVPoolConfig = Field(default_factory=KVPoolConfig)  # KV shared by the engines
+    # prefill/decode split (docs/kv-pool.md): one role for every engine, or one per engine; a
+    # program's long first prefill runs on a prefill engine, decoding on a decode engine that
+    # loads the prompt from ``kv_pool`` (``gateway.pd_min_prompt_tokens``)
+    role: Role | list[Role] = "both"
     # Where the started engines run: "ray" makes each a Ray actor placed on a node with
     # ``cpus_per_engine`` / ``gpus_per_engine`` free (``rollout.ray_engines``); "auto": on Ray
     # when ``ray.address`` is set, else subprocesses of this process.
@@ -43,6 +47,26 @@ class EngineConfig(Section):
     # On a CUDA host the KV cache is what this fraction of GPU memory leaves (bf16 weights);
     # ``kv_tokens`` caps it on CPU hosts only.
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+
+    def roles(self) -> list[Role]:
+        """Each started engine's role (``engine.urls``: one each too)."""
+        n = len(self.urls) or self.count
+        return list(self.role) if isinstance(self.role, list) else [self.role] * n
+
+    @model_validator(mode="after")
+    def _roles(self) -> EngineConfig:
+        roles = self.roles()
+        if len(roles) != (len(self.urls) or self.count):
+            raise ValueError(
+                f"engine.role lists {len(roles)} roles for {len(self.urls) or self.count} engines"
+            )
+        if set(roles) != {"both"} and not self.kv_pool.enabled:
+            raise ValueError(
+                "engine.role prefill/decode needs engine.kv_pool: the prompt's KV moves through it"
+            )
+        if not any(r != "prefill" for r in roles):
+            raise ValueError("engine.role: at least one engine must decode (role decode or both)")
+        return self
 
     @model_validator(mode="after")
     def _gpus_cover_tp(self) -> EngineConfig:
@@ -102,6 +126,9 @@ class GatewayConfig(Section):
     workers: int = Field(default=1, ge=1, le=64)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     divided: DividedConfig | None = None  # None: every generation runs in one piece
+    # with prefill engines (engine.role), a program's first prompt of at least this many tokens is
+    # prefilled there (max_tokens 1) before a decode engine continues it from the KV pool
+    pd_min_prompt_tokens: int = Field(default=512, ge=1)
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets
 
     @model_validator(mode="before")

@@ -30,6 +30,7 @@ import httpx
 
 from rollyard.core.errors import EngineStartError
 from rollyard.core.net import advertised_url, free_ports
+from rollyard.engines.kvpool.config import kv_bytes_per_token
 from rollyard.gateway.process import DRAIN_S, EngineSpec, GatewayProcessSpec
 from rollyard.gateway.shards import ShardLayout
 from rollyard.rollout.config import Config
@@ -123,9 +124,13 @@ def gateway_spec(
     return GatewayProcessSpec(
         engines=[
             EngineSpec(
-                name=b.name, url=b.url, version=b.policy_version, max_model_len=cfg.engine.max_model_len
+                name=b.name,
+                url=b.url,
+                version=b.policy_version,
+                max_model_len=cfg.engine.max_model_len,
+                role=role,
             )
-            for b in backends
+            for b, role in zip(backends, cfg.engine.roles(), strict=True)
         ],
         model_dir=model_dir,
         model_name=MODEL_NAME,
@@ -135,10 +140,25 @@ def gateway_spec(
         uds=uds,
         capacity=cfg.gateway.capacity,
         workers=cfg.gateway.workers,
-        policy={**{k: v for k, v in policy.items() if v is not None}, **s.options},
+        policy={
+            **{k: v for k, v in policy.items() if v is not None},
+            **pool_options(cfg, model_dir),
+            **s.options,
+        },
         divide_tokens=cfg.gateway.divided.chunk_tokens if cfg.gateway.divided else None,
+        pd_min_prompt_tokens=cfg.gateway.pd_min_prompt_tokens,
         limits=cfg.gateway.limits,
     )
+
+
+def pool_options(cfg: Config, model_dir: Path) -> dict[str, float]:
+    """``pool_load_tok_s`` from ``engine.kv_pool`` (its rate in bytes/s over the model's KV bytes
+    per token), so moves and restores charge a load instead of a re-prefill; an explicit
+    ``gateway.scheduling.options.pool_load_tok_s`` wins (the caller puts options last)."""
+    pool = cfg.engine.kv_pool
+    if not pool.enabled:
+        return {}
+    return {"pool_load_tok_s": round(pool.load_tok_s(kv_bytes_per_token(model_dir)), 1)}
 
 
 async def start_gateway(

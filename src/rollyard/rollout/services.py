@@ -182,6 +182,7 @@ def new_engine(
         weights_version=version,
         tensor_parallel_size=e.tensor_parallel_size,
         gpu_memory_utilization=e.gpu_memory_utilization,
+        role=e.roles()[i],
     )
     if cfg.engines_on_ray:
         from rollyard.rollout.ray_engines import RayEngine

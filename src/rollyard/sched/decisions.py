@@ -35,16 +35,19 @@ class Restore:
     program_id: str
     engine: str
     held_s: float = 0.0
+    pooled: bool = False  # off its engine, charged a load from the shared KV pool, not a re-prefill
 
 
 @dataclass(frozen=True)
 class Move:
-    """Re-home a program: its next request runs on ``dst`` and pays a re-prefill there."""
+    """Re-home a program: its next request runs on ``dst`` and pays a re-prefill there (or, with
+    ``pooled``, loads its context from the shared KV pool)."""
 
     program_id: str
     src: str | None
     dst: str
     reason: str = ""
+    pooled: bool = False
 
 
 Decision = Start | Pause | Restore | Move

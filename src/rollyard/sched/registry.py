@@ -16,6 +16,7 @@ from rollyard.core.errors import ConfigError
 from rollyard.sched.fifo import AdmitAll, FifoOrder, LeastLoaded
 from rollyard.sched.kv import KvBudget
 from rollyard.sched.policy import Admission, Order, Policy, Router
+from rollyard.sched.pool import RebuildCost
 from rollyard.sched.rollyard import AgingAdmission, CostAware
 from rollyard.sched.seer import GroupBound, SeerOrder, SeerRouter
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission
@@ -38,9 +39,16 @@ def _budget(o: Options) -> KvBudget:
     )
 
 
+def _rebuild(o: Options) -> RebuildCost:
+    return RebuildCost(float(o.get("prefill_tok_s", 2000.0)), float(o.get("pool_load_tok_s", 0.0)))
+
+
 def _thunder(o: Options) -> Admission:
     return ThunderAdmission(
-        _budget(o), float(o.get("max_hold_s", 1800.0)), float(o.get("acting_half_life_s", 0.0)) > 0
+        _budget(o),
+        float(o.get("max_hold_s", 1800.0)),
+        float(o.get("acting_half_life_s", 0.0)) > 0,
+        _rebuild(o),
     )
 
 
@@ -55,13 +63,14 @@ def _aging(o: Options) -> Admission:
         reserve_after_turns=float(o.get("reserve_after_turns", 1.0)),
         min_run_turns=float(o.get("min_run_turns", 2.0)),
         acting_decay=float(o.get("acting_half_life_s", 0.0)) > 0,
+        rebuild=_rebuild(o),
     )
 
 
 ROUTERS: dict[str, Callable[[Options], Router]] = {
     "least_loaded": lambda o: LeastLoaded(),
     "fewest_tokens": lambda o: FewestTokens(_budget(o)),
-    "cost_aware": lambda o: CostAware(_budget(o), float(o.get("move_margin", 1.0))),
+    "cost_aware": lambda o: CostAware(_budget(o), float(o.get("move_margin", 1.0)), _rebuild(o)),
     "seer": lambda o: SeerRouter(
         max_move_s=float(o.get("max_move_s", 2.0)),
         prefill_tok_s=float(o.get("prefill_tok_s", 2000.0)),
@@ -161,11 +170,12 @@ def make_policy(
     return Policy(label, *parts, tick_s=tick_s if tick_s is not None else t, on_release=a in ON_RELEASE)
 
 
-def policy_from_spec(spec: str) -> Policy:
+def policy_from_spec(spec: str, **defaults: Any) -> Policy:
     """``NAME`` or ``NAME,key=value,...``: keys are ``router``, ``admission``, ``order``,
-    ``tick_s`` or an option (``max_hold_s=20``); a bad key or value is a ConfigError."""
+    ``tick_s`` or an option (``max_hold_s=20``); a bad key or value is a ConfigError.
+    ``defaults``: options the spec may override (``rollyard sim --kv-pool``'s ``pool_load_tok_s``)."""
     name, *parts = [s.strip() for s in spec.split(",") if s.strip()] or [""]
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = dict(defaults)
     for part in parts:
         key, sep, value = part.partition("=")
         if not sep or not key.strip():

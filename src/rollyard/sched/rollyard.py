@@ -18,7 +18,8 @@ cost-aware routing.
   with 15 s / 30 s, prefix-cache hit rate 0.19 vs 0.47 (docs/scheduling.md).
 - ``CostAware``: a sticky program leaves its engine only when the expected queue delay there
   exceeds the re-prefill of its whole context on the other engine (at that engine's measured
-  prefill tokens/s) plus the other engine's own delay (Forge's cache-transfer trade-off).
+  prefill tokens/s; with a shared KV pool, its load at ``pool_load_tok_s``: ``sched.pool``) plus
+  the other engine's own delay (Forge's cache-transfer trade-off).
 
 Requests are ordered FIFO. vLLM's per-request ``priority`` is not used yet: it needs the engine
 started with ``--scheduling-policy priority`` and a measurement that it helps.
@@ -29,6 +30,7 @@ from __future__ import annotations
 from rollyard.core.program import ProgramPhase, ProgramState
 from rollyard.sched.decisions import Move, Pause, Restore
 from rollyard.sched.kv import KvBudget
+from rollyard.sched.pool import RebuildCost, queue_delay_s
 from rollyard.sched.thunder import FewestTokens, ThunderAdmission, held_s
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
@@ -46,8 +48,9 @@ class AgingAdmission(ThunderAdmission):
         acting_decay: bool = False,
         reserve_after_turns: float = 1.0,
         min_run_turns: float = 2.0,
+        rebuild: RebuildCost | None = None,
     ) -> None:
-        super().__init__(budget, max_hold_s, acting_decay)
+        super().__init__(budget, max_hold_s, acting_decay, rebuild)
         self.age_s = age_s
         self.reserve_after_s = min(5.0, max_hold_s / 3) if reserve_after_s is None else reserve_after_s
         self.min_run_s = min_run_s
@@ -139,28 +142,13 @@ class AgingAdmission(ThunderAdmission):
         return chosen
 
 
-def queue_delay_s(e: EngineView, state: SchedState) -> float:
-    """Expected wait for a new request on ``e``: requests ahead of it (in the engine's queue,
-    and in the gateway beyond its free slots) times the engine's per-request drain time."""
-    if e.service_s <= 0:
-        return 0.0  # not measured yet: no basis for a move
-    if e.waiting == 0 and e.free > 0:
-        return 0.0  # it starts now (and the gateway queue is not scanned on every request)
-    queued = sum(
-        1
-        for r in state.queue
-        if (p := state.programs.get(r.program_id)) and p.engine == e.name and not p.paused
-    )
-    ahead = e.waiting + max(0, queued - max(0, e.free))
-    if ahead <= 0:
-        return 0.0
-    return ahead * e.service_s / max(1, e.in_flight)
-
-
 class CostAware(FewestTokens):
-    def __init__(self, budget: KvBudget | None = None, margin: float = 1.0) -> None:
+    def __init__(
+        self, budget: KvBudget | None = None, margin: float = 1.0, rebuild: RebuildCost | None = None
+    ) -> None:
         super().__init__(budget, paused_block=False)  # idle paused programs do not hold newcomers back
         self.margin = margin
+        self.rebuild = rebuild or RebuildCost()
 
     def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:
         src = state.engines.get(program.engine or "")
@@ -172,13 +160,15 @@ class CostAware(FewestTokens):
         need = self.budget.claim(program, now)
         best: tuple[float, str] | None = None
         for e in state.healthy_engines():
-            if e.name == src.name or e.prefill_tok_s <= 0 or e.free <= 0:
+            if e.name == src.name or not self.rebuild.known(e) or e.free <= 0:
                 continue
             if self.budget.room(state, e, now) < need:
                 continue
-            cost = program.context_tokens / e.prefill_tok_s + queue_delay_s(e, state)
+            cost = self.rebuild.seconds(program.context_tokens, e) + queue_delay_s(e, state)
             if best is None or cost < best[0]:
                 best = (cost, e.name)
         if best is None or stay <= best[0] * self.margin:
             return None
-        return Move(program.id, src.name, best[1], f"queue {stay:.2f}s > re-prefill {best[0]:.2f}s")
+        how = "pool load" if self.rebuild.pooled else "re-prefill"
+        why = f"queue {stay:.2f}s > {how} {best[0]:.2f}s"
+        return Move(program.id, src.name, best[1], why, self.rebuild.pooled)

@@ -40,10 +40,13 @@ class Scheduler:
         self._freed = False  # a claim was dropped since the last admission pass (see admission_due)
 
     # engines --------------------------------------------------------------
-    def add_engine(self, name: str, capacity: int = 256, kv_capacity_tokens: int = 0) -> EngineView:
+    def add_engine(
+        self, name: str, capacity: int = 256, kv_capacity_tokens: int = 0, role: str = "both"
+    ) -> EngineView:
+        """``role`` "prefill": known (health, fences) but never given a program (``EngineView.role``)."""
         if capacity < 1:
             raise InvalidRequest(f"engine {name!r}: capacity must be >= 1")
-        view = self.state.engines[name] = EngineView(name, capacity, kv_capacity_tokens)
+        view = self.state.engines[name] = EngineView(name, capacity, kv_capacity_tokens, role=role)
         return view
 
     def update_engine(
@@ -83,6 +86,11 @@ class Scheduler:
         return moved
 
     def healthy_engines(self) -> list[str]:
+        """Engines that may serve a program now (prefill-only ones do not)."""
+        return [e.name for e in self.state.healthy_engines()]
+
+    def up_engines(self) -> list[str]:
+        """Every healthy engine, prefill-only ones included (for health reports and fences)."""
         return [e.name for e in self.state.engines.values() if e.healthy]
 
     # programs -------------------------------------------------------------

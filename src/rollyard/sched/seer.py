@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollyard.sched.decisions import Move
+from rollyard.sched.pool import RebuildCost
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["GroupBound", "SeerOrder", "SeerRouter"]
@@ -117,12 +118,10 @@ class SeerRouter:
         balance: int = 2,
         pool_load_tok_s: float = 0.0,
     ) -> None:
-        if max_move_s < 0 or prefill_tok_s <= 0 or balance < 1 or pool_load_tok_s < 0:
-            raise ValueError(
-                "max_move_s must be >= 0, prefill_tok_s > 0, balance >= 1 and pool_load_tok_s >= 0"
-            )
-        self.max_move_s, self.prefill_tok_s, self.balance = max_move_s, prefill_tok_s, balance
-        self.pool_load_tok_s = pool_load_tok_s  # 0: no shared KV pool, a moved context re-prefills
+        if max_move_s < 0 or balance < 1:
+            raise ValueError("max_move_s must be >= 0 and balance >= 1")
+        self.max_move_s, self.balance = max_move_s, balance
+        self.rebuild = RebuildCost(prefill_tok_s, pool_load_tok_s)  # pool_load_tok_s 0: re-prefill
 
     def place(self, program: ProgramView, state: SchedState, now: float) -> str | None:
         best = _least_busy(state.healthy_engines())
@@ -132,9 +131,7 @@ class SeerRouter:
         """Seconds to rebuild the request's context on ``dst``: loaded from the shared KV pool
         (``engine.kv_pool``; the source engine stored it) when ``pool_load_tok_s`` is set, else
         re-prefilled at ``dst``'s measured rate (else the option)."""
-        if self.pool_load_tok_s > 0:
-            return request.prompt_tokens / self.pool_load_tok_s
-        return request.prompt_tokens / (dst.prefill_tok_s or self.prefill_tok_s)
+        return self.rebuild.seconds(request.prompt_tokens, dst)
 
     def reroute(self, program: ProgramView, request: Request, state: SchedState, now: float) -> Move | None:
         src = state.engines.get(program.engine or "")
@@ -144,10 +141,10 @@ class SeerRouter:
         if dst is None or self.move_cost_s(request, dst) > self.max_move_s:
             return None
         if src.free <= 0:
-            return Move(program.id, src.name, dst.name, reason="engine_full")
+            return Move(program.id, src.name, dst.name, "engine_full", self.rebuild.pooled)
         # a divided request's next chunk: it would run as one more of src's requests
         if request.chunk > 0 and (src.in_flight + 1) - dst.in_flight >= self.balance:
-            return Move(program.id, src.name, dst.name, reason="balance")
+            return Move(program.id, src.name, dst.name, "balance", self.rebuild.pooled)
         return None
 
 

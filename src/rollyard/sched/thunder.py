@@ -6,6 +6,9 @@ most room (best-fit decreasing); then, on every engine whose programs claim more
 it has, pause acting programs smallest first, then reasoning ones, until it fits. New
 programs go to the engine with the fewest active tokens, and wait while anyone is paused.
 A program held longer than ``max_hold_s`` is restored regardless (their 1800 s timeout).
+With a shared KV pool (``pool_load_tok_s`` > 0) a restore goes to the engine where it starts
+soonest, its context's load from the pool charged off its own engine (``restore_engine``);
+without one, ThunderAgent's choice (the most room) is kept.
 
 Its known flaw is kept on purpose: smallest-first restore starves long contexts.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 from rollyard.core.program import ProgramPhase, ProgramState
 from rollyard.sched.decisions import Move, Pause, Restore
 from rollyard.sched.kv import KvBudget
+from rollyard.sched.pool import RebuildCost, queue_delay_s
 from rollyard.sched.views import EngineView, ProgramView, Request, SchedState
 
 __all__ = ["FewestTokens", "ThunderAdmission", "held_s", "restore_candidates", "waits_for_restore"]
@@ -39,11 +43,16 @@ def _klass(p: ProgramView) -> int:
 
 class ThunderAdmission:
     def __init__(
-        self, budget: KvBudget | None = None, max_hold_s: float = 1800.0, acting_decay: bool = False
+        self,
+        budget: KvBudget | None = None,
+        max_hold_s: float = 1800.0,
+        acting_decay: bool = False,
+        rebuild: RebuildCost | None = None,
     ) -> None:
         self.budget = budget or KvBudget()
         self.max_hold_s = max_hold_s
         self.acting_decay = acting_decay  # optimistic restore against decayed acting tokens
+        self.rebuild = rebuild or RebuildCost()  # with a KV pool, restores weigh its load (restore_engine)
 
     # the parts a subclass changes ----------------------------------------
     def restore_order(self, candidates: list[ProgramView], now: float) -> list[ProgramView]:
@@ -60,6 +69,26 @@ class ThunderAdmission:
         need = self.budget.claim(p, 0.0)
         fits = [n for n, r in rooms.items() if r >= need]
         return max(fits, key=lambda n: (rooms[n], n)) if fits else None
+
+    def restore_engine(
+        self, p: ProgramView, rooms: dict[str, float], engines: dict[str, EngineView], state: SchedState
+    ) -> str | None:
+        """Where a restore lands. Without a KV pool: ``choose_engine``. With one, the context of a
+        program restored off its engine loads instead of re-prefilling, so any engine that fits
+        may take it: the cheapest, queue delay there (``queue_delay_s``) plus that load (none on
+        its own engine, whose prefix cache may still hold it); ties go to the most room."""
+        if not self.rebuild.pooled:
+            return self.choose_engine(p, rooms, engines)
+        need = self.budget.claim(p, 0.0)
+        fits = [n for n, r in rooms.items() if r >= need]
+        if not fits:
+            return self.choose_engine(p, rooms, engines)  # the policy's own answer for a misfit
+
+        def cost(n: str) -> float:
+            load = 0.0 if n == p.engine else self.rebuild.seconds(p.context_tokens, engines[n])
+            return queue_delay_s(engines[n], state) + load
+
+        return min(fits, key=lambda n: (cost(n), -rooms[n], n))
 
     def stop_after_miss(self, p: ProgramView, now: float) -> bool:
         """Whether a candidate that does not fit blocks the ones behind it (no: skip it)."""
@@ -100,7 +129,7 @@ class ThunderAdmission:
             self._take(p, name, rooms, now, restored, out)
         taken = set(restored)  # programs decided this tick (restored or paused), kept as we go
         for p in self.restore_order([p for p in candidates if p.id not in restored], now):
-            name = self.choose_engine(p, rooms, healthy)
+            name = self.restore_engine(p, rooms, healthy, state)
             if name is None:
                 room = self.make_room(p, state, rooms, taken, now)
                 if room is not None:
@@ -130,7 +159,8 @@ class ThunderAdmission:
         rooms[name] -= self.budget.claim(p, now, self.acting_decay)
         restored[p.id] = name
         since = p.paused_at if p.paused_at is not None else p.waiting_since
-        out.append(Restore(p.id, name, now - since if since is not None else 0.0))
+        pooled = self.rebuild.pooled and p.engine is not None and p.engine != name  # loads its context
+        out.append(Restore(p.id, name, now - since if since is not None else 0.0, pooled))
 
     def _pause(
         self,

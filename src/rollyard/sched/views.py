@@ -60,10 +60,13 @@ class EngineView:
     prefill_tok_s: float = 0.0  # measured estimate; 0 = unknown
     decode_tok_s: float = 0.0
     service_s: float = 0.0  # mean seconds a request runs here (measured by the scheduler); 0 = unknown
+    # "prefill": only prefills programs' long first prompts for decode engines (the gateway's
+    # ``PrefillStage``); no policy places a program here (no free slot, not among healthy_engines)
+    role: str = "both"
 
     @property
     def free(self) -> int:
-        return self.capacity - self.in_flight if self.healthy else 0
+        return self.capacity - self.in_flight if self.healthy and self.role != "prefill" else 0
 
 
 @dataclass
@@ -101,4 +104,5 @@ class SchedState:
         return [p for p in self.programs.values() if p.engine == engine and not p.state.is_over]
 
     def healthy_engines(self) -> list[EngineView]:
-        return [e for e in self.engines.values() if e.healthy]
+        """Engines a program may be placed on: healthy, and not prefill-only."""
+        return [e for e in self.engines.values() if e.healthy and e.role != "prefill"]

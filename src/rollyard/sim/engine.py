@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from rollyard.sim.kv import BlockPool
+from rollyard.sim.kv import BlockPool, SharedPool
 from rollyard.sim.profile import EngineProfile
 
 __all__ = ["EngineRequest", "SimEngine"]
@@ -49,6 +49,7 @@ class EngineRequest:
     shared_key: str | None = None  # its group, whose task prompt every member's context starts with
     shared_tokens: int = 0  # that prompt's tokens
     shared: int = 0  # the group's blocks it references (apart from ``blocks``, its own)
+    loaded_tokens: int = 0  # prompt tokens loaded from the shared KV pool (all admissions)
 
     def __post_init__(self) -> None:
         self.target = self.prompt_tokens
@@ -64,12 +65,15 @@ class _Run:
     batch: list[tuple[EngineRequest, int]]  # general step: (request, tokens this step)
     n: int = 0
     attn0: int = 0  # sum of computed tokens over the run's requests at its start
+    load_s: float = 0.0  # of a general step's time: loading contexts from the shared pool
 
 
 class SimEngine:
-    def __init__(self, name: str, profile: EngineProfile) -> None:
+    def __init__(self, name: str, profile: EngineProfile, pool: SharedPool | None = None) -> None:
+        """``pool``: the KV pool shared with the other engines (None: each has its prefix cache only)."""
         self.name = name
         self.profile = profile
+        self.pool = pool
         self.kv = BlockPool(profile.num_blocks, profile.block_size)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
@@ -86,6 +90,8 @@ class SimEngine:
         self.output_tokens = 0
         self.prefill_done = 0  # prompt tokens computed (not from cache), as vLLM's prefill counters
         self.prefill_s = 0.0  # step time spent on them (a mixed step's time split by token share)
+        self.loaded_tokens = 0  # prompt tokens loaded from the shared pool instead (not in prefill_done)
+        self.load_s = 0.0  # step time spent loading them
 
     # ---- the driver's calls ----------------------------------------------------------------
     def add(self, request: EngineRequest, now: float) -> float | None:
@@ -129,6 +135,7 @@ class SimEngine:
             for r in self.running:
                 r.computed += run.k
                 r.generated += run.k
+                self._save(r)
                 if r.generated >= r.max_tokens:
                     done.append(r)
         else:
@@ -136,10 +143,11 @@ class SimEngine:
             pre = sum(n for r, n in run.batch if r.computed < r.target)
             if pre:
                 self.prefill_done += pre
-                self.prefill_s += (run.end - run.start) * pre / sum(n for _, n in run.batch)
+                self.prefill_s += (run.end - run.start - run.load_s) * pre / sum(n for _, n in run.batch)
             for r, ntok in run.batch:
                 r.computed += ntok
                 self._publish(r)
+                self._save(r)
                 if r.computed >= r.target:
                     r.generated += 1
                     self.output_tokens += 1
@@ -169,6 +177,19 @@ class SimEngine:
             if self.kv.publish(r.shared_key, want):
                 r.blocks -= want
                 r.shared = want
+
+    def _save(self, r: EngineRequest) -> None:
+        """The shared pool stores the request's full blocks (as the connector does after each step)."""
+        if self.pool is not None:
+            self.pool.store(r.program_id, r.computed, r.shared_key, r.shared_tokens)
+
+    def _pool_hit(self, r: EngineRequest, local: int) -> int:
+        """Tokens of ``r``'s context beyond its local hit that load from the shared pool (full
+        blocks, never its last prompt token)."""
+        if self.pool is None:
+            return 0
+        limit = max(0, r.target - 1) // self.kv.block_size * self.kv.block_size
+        return max(0, min(self.pool.stored(r.program_id, r.shared_key), limit) - local)
 
     def _release(self, r: EngineRequest) -> None:
         self.kv.release(r.program_id, r.blocks, r.computed, r.shared, self._want(r))
@@ -271,6 +292,7 @@ class SimEngine:
         bs, budget = kv.block_size, p.max_batched_tokens
         batch: list[tuple[EngineRequest, int]] = []
         preempted = False
+        load = 0  # tokens the requests admitted in this step load from the shared pool
         i = 0
         while i < len(self.running) and budget > 0:
             r = self.running[i]
@@ -290,19 +312,24 @@ class SimEngine:
             i += 1
         while not preempted and self.waiting and len(self.running) < p.max_num_seqs and budget > 0:
             r = self.waiting[0]
+            loaded = 0
             if r.computed == 0:
-                hit = r.computed = self._first_hit(r)
+                hit = self._first_hit(r)
+                loaded = self._pool_hit(r, hit)  # into fresh blocks, allocated with the computed ones
+                r.computed = hit + loaded
                 r.cached_tokens += hit
                 self.hit_tokens += hit
             ntok = min(r.target - r.computed, budget)
             need = kv.blocks_for(r.computed + ntok) - r.blocks - r.shared
             whole = kv.blocks_for(r.target) - r.blocks - r.shared  # vLLM's full-sequence gate
             if whole > kv.available or not kv.allocate(need):
-                self.hit_tokens -= r.computed  # the hit is given back with the blocks
-                r.cached_tokens -= r.computed
+                self.hit_tokens -= r.computed - loaded  # the hit is given back with the blocks
+                r.cached_tokens -= r.computed - loaded
                 self._release(r)
                 r.computed = 0
                 break
+            r.loaded_tokens += loaded
+            load += loaded
             r.blocks += need
             self.waiting.popleft()
             self.running.append(r)
@@ -317,7 +344,11 @@ class SimEngine:
                 pairs += n * (r.computed + (n + 1) / 2)
             else:
                 decode_ctx += r.computed + 1
-        return _Run(now, now + p.step_s(int(tokens), len(batch), decode_ctx, pairs), 0, batch)
+        load_s = p.pool_load_s(load) if load else 0.0  # loaded before the forward pass, as the connector does
+        self.loaded_tokens += load
+        self.load_s += load_s
+        end = now + p.step_s(int(tokens), len(batch), decode_ctx, pairs) + load_s
+        return _Run(now, end, 0, batch, load_s=load_s)
 
     def _preempt(self, r: EngineRequest) -> None:
         """vLLM's recompute preemption: free every block, back to the front of the queue."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-__all__ = ["BlockPool"]
+__all__ = ["BlockPool", "SharedPool"]
 
 
 class BlockPool:
@@ -157,3 +157,30 @@ class BlockPool:
 def _group(key: str) -> str:
     """A group's cache entry name (apart from program ids, which never start with NUL)."""
     return "\0" + key
+
+
+class SharedPool:
+    """The KV pool the engines share (``rollyard sim --kv-pool``, ``engine.kv_pool`` live): every
+    full block an engine computes is stored (ours and Mooncake's connector save generated tokens'
+    blocks too), keyed by its prefix, so a program's stored context is one count of tokens, and a
+    group's task prompt is stored once any member computed it. An engine admitting a request loads
+    the stored tokens beyond its own prefix-cache hit instead of prefilling them. The pool's
+    capacity is not modelled (Mooncake's segments are sized for a run's contexts)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._programs: dict[str, int] = {}
+        self._groups: dict[str, int] = {}
+
+    def store(self, program: str, computed: int, group: str | None = None, group_tokens: int = 0) -> None:
+        """A request of ``program`` has ``computed`` tokens of KV: its full blocks are stored."""
+        full = computed // self.block_size * self.block_size
+        if full > self._programs.get(program, 0):
+            self._programs[program] = full
+        if group is not None and computed >= group_tokens and group not in self._groups:
+            self._groups[group] = group_tokens // self.block_size * self.block_size
+
+    def stored(self, program: str, group: str | None = None) -> int:
+        """Tokens of the program's context the pool holds (its own, or at least its group's prompt)."""
+        own = self._programs.get(program, 0)
+        return max(own, self._groups.get(group, 0)) if group is not None else own

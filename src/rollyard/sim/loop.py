@@ -28,6 +28,7 @@ from rollyard.core.errors import ConfigError
 from rollyard.sched import Move, Policy, Scheduler, Start
 from rollyard.sim.engine import EngineRequest, SimEngine
 from rollyard.sim.gateway import GatewayQueue
+from rollyard.sim.kv import SharedPool
 from rollyard.sim.periodic import (
     ARRIVE,
     FAIL,
@@ -77,6 +78,7 @@ class Simulation(PeriodicWork):
         record: bool = False,
         plans: list[ProgramPlan] | None = None,
         shell_up_s: float = 0.0,
+        kv_pool: bool = False,
     ) -> None:
         """``plans`` replaces the workload's drawn programs (a trace recorded from a live run).
 
@@ -84,7 +86,10 @@ class Simulation(PeriodicWork):
         The gateway polls its engines from the moment it is up and ticks the policy every
         ``tick_s`` after that, so a replay puts its first poll and tick where the live ones
         fell: with thunder's 5 s tick, a phase off by a few seconds decides which of a 12 s
-        run's two ticks see the engine over capacity."""
+        run's two ticks see the engine over capacity.
+
+        ``kv_pool``: the engines share a KV pool (``SharedPool``), charged at the profile's
+        ``pool_bytes_per_s``; the policy learns its rate from its ``pool_load_tok_s`` option."""
         if workload.max_context > profile.max_model_len:
             raise ConfigError(
                 f"workload max_context {workload.max_context} exceeds the profile's max_model_len "
@@ -94,10 +99,15 @@ class Simulation(PeriodicWork):
         self.shell_up_s = shell_up_s
         self.clock = FakeClock()
         self.sched = Scheduler(self.clock, policy)
+        if kv_pool and not profile.pool_load_tok_s:
+            raise ConfigError(
+                f"profile {profile.name} has no KV pool terms (kv_bytes_per_token, pool_bytes_per_s)"
+            )
+        pool = SharedPool(profile.block_size) if kv_pool else None
         self.engines: dict[str, SimEngine] = {}
         for i in range(workload.engines):
             name = f"e{i}"
-            self.engines[name] = SimEngine(name, profile)
+            self.engines[name] = SimEngine(name, profile, pool)
             self.sched.add_engine(name, workload.gateway_capacity, profile.kv_tokens)
         self.stats = SimStats()
         self.record = record

@@ -57,6 +57,10 @@ class EngineProfile(BaseModel):
     max_batched_tokens: int = Field(default=8192, ge=1)  # tokens per step (chunked prefill budget)
     max_model_len: int = Field(default=32768, ge=16)
     tensor_parallel: int = Field(default=1, ge=1)  # GPUs per engine (what a GPU count buys in engines)
+    # A KV pool shared by the engines (``rollyard sim --kv-pool``): a context stored there loads at
+    # ``pool_bytes_per_s`` instead of being prefilled; None: the profile cannot simulate one.
+    kv_bytes_per_token: int | None = Field(default=None, ge=1)
+    pool_bytes_per_s: float | None = Field(default=None, gt=0)
     # What a cluster run pays beside the engines (``sim.costs``); absent: free, as before.
     gateway: GatewayCost | None = None
     trainer: TrainerCost | None = None
@@ -71,6 +75,17 @@ class EngineProfile(BaseModel):
     @property
     def kv_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def pool_load_tok_s(self) -> float:
+        """Tokens/s a context loads from the KV pool (0: the profile has no pool terms)."""
+        if self.kv_bytes_per_token is None or self.pool_bytes_per_s is None:
+            return 0.0
+        return self.pool_bytes_per_s / self.kv_bytes_per_token
+
+    def pool_load_s(self, tokens: int) -> float:
+        """Seconds to load ``tokens`` of context from the pool: tokens x bytes per token / bandwidth."""
+        return tokens / self.pool_load_tok_s
 
     def with_kv_tokens(self, tokens: int) -> EngineProfile:
         """The same engine with a KV cache of ``tokens`` (whole blocks): what a larger model, a

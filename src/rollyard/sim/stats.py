@@ -63,6 +63,8 @@ class SimStats:
             "program_p99_s": quantile(self.program_latency, 0.99),
             "preemptions": sum(e.preemptions for e in engines),
             "recomputed_tokens": sum(e.recomputed_tokens for e in engines),
+            "prefill_tokens": sum(e.prefill_done for e in engines),  # prompt tokens computed
+            "pool_loaded_tokens": sum(e.loaded_tokens for e in engines),  # loaded from the shared pool
             "prefix_hit_rate": sum(e.hit_tokens for e in engines) / prompt if prompt else 0.0,
             "engine_busy": busy / (makespan_s * len(engines)) if makespan_s else 0.0,
             "kv_usage_mean": statistics.fmean(r[1] for r in self.series) if self.series else 0.0,

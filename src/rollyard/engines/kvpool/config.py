@@ -25,6 +25,15 @@ CONNECTORS = {
     "mooncake": ("MooncakeStoreConnector", None),
 }
 DEFAULT_ROOT = "/dev/shm/rollyard-kv-pool"
+Role = Literal["both", "prefill", "decode"]  # ``engine.role``: what an engine does in prefill/decode split
+KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}  # vLLM's kv_role
+# Bytes/s a context loads from each pool, for the scheduler's cost of a move or restore when
+# ``load_bytes_per_s`` is not set (docs/kv-pool.md, "The scheduler"). local: measured, 256 KiB
+# tiny-model blocks read from /dev/shm and copied into a paged cache, 0.30 ms each (0.88 GB/s, load
+# 3.4, 2026-12-06); mooncake: assumed the same (TCP on one host: copies, like ours); lmcache (CUDA
+# only): assumed 10 GB/s, host memory to GPU over PCIe 4.
+LOAD_BYTES_PER_S = {"local": 0.8e9, "mooncake": 0.8e9, "lmcache": 10e9}
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8": 1}
 
 
 class KVPoolConfig(BaseModel):
@@ -40,6 +49,9 @@ class KVPoolConfig(BaseModel):
     segment_mb: int = Field(default=512, ge=16)
     root: str = DEFAULT_ROOT
     extra: dict[str, Any] = Field(default_factory=dict)
+    # what the scheduler assumes a load costs (None: LOAD_BYTES_PER_S of the kind); set it from
+    # a measurement (``rollyard bench kvpool`` reports the local store's as ``local_load_bytes_s``)
+    load_bytes_per_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> KVPoolConfig:
@@ -55,13 +67,21 @@ class KVPoolConfig(BaseModel):
     def enabled(self) -> bool:
         return self.kind != "none"
 
-    def transfer_config(self, *, epoch: int = 0) -> dict[str, Any] | None:
-        """The ``--kv-transfer-config`` value; ``epoch``: the weights' version the engine starts on."""
+    def load_tok_s(self, kv_bytes_per_token: int) -> float:
+        """Tokens/s a context loads from this pool (the scheduling option ``pool_load_tok_s``);
+        0 without a pool."""
+        if not self.enabled:
+            return 0.0
+        return (self.load_bytes_per_s or LOAD_BYTES_PER_S[self.kind]) / kv_bytes_per_token
+
+    def transfer_config(self, *, epoch: int = 0, role: Role = "both") -> dict[str, Any] | None:
+        """The ``--kv-transfer-config`` value; ``epoch``: the weights' version the engine starts on;
+        ``role``: the engine's part in a prefill/decode split (vLLM's ``kv_role``)."""
         if self.kind == "none":
             return None
         name, module = CONNECTORS[self.kind]
         extra = dict(self.extra)
-        cfg: dict[str, Any] = {"kv_connector": name, "kv_role": "kv_both"}
+        cfg: dict[str, Any] = {"kv_connector": name, "kv_role": KV_ROLES[role]}
         if self.kind == "local":
             extra.update(root=self.root, epoch=epoch)
         if self.kind == "mooncake":
@@ -75,10 +95,12 @@ class KVPoolConfig(BaseModel):
         cfg["kv_connector_extra_config"] = extra
         return cfg
 
-    def engine_args(self, *, cuda: bool, epoch: int = 0) -> list[str]:
+    def engine_args(self, *, cuda: bool, epoch: int = 0, role: Role = "both") -> list[str]:
         """The engine's flags (``lmcache`` needs a CUDA engine, see the module doc)."""
-        cfg = self.transfer_config(epoch=epoch)
+        cfg = self.transfer_config(epoch=epoch, role=role)
         if cfg is None:
+            if role != "both":
+                raise ConfigError(f"engine role {role!r} needs engine.kv_pool: the KV moves through it")
             return []
         if self.kind == "lmcache" and not cuda:
             raise ConfigError(
@@ -100,3 +122,19 @@ class KVPoolConfig(BaseModel):
 
         path = write_client_config(config_path, self.master, self.segment_mb)
         return {"MOONCAKE_CONFIG_PATH": str(path)}
+
+
+def kv_bytes_per_token(model_dir: str | Path) -> int:
+    """KV bytes one token takes in the engine's cache: keys and values of every layer, from the
+    model's ``config.json`` (layers x KV heads x head dim x 2 x dtype bytes)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        c = json.loads(path.read_text())
+        heads = int(c["num_attention_heads"])
+        head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        layers = int(c["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: cannot tell the KV size per token ({e})") from None
+    dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)

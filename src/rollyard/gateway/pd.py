@@ -1,0 +1,57 @@
+"""Prefill/decode split through the shared KV pool (``engine.role``, docs/kv-pool.md).
+
+A program's first prompt of at least ``min_prompt_tokens`` is sent to a prefill engine with
+``max_tokens`` 1: that engine computes the prompt and its pool connector stores every full block.
+The request then runs as usual on the decode engine the scheduler picks, whose connector loads
+those blocks by their hashes instead of computing them (a store-based pool needs no transfer
+parameters between the two calls). Later turns extend a context their decode engine holds, so
+they skip this stage. Prefill engines are known to the scheduler (health, fences) but never hold
+a program (``EngineView.role``). A prefill that fails is logged and skipped: the decode engine
+computes the prompt itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from rollyard.core.errors import EngineUnavailable
+from rollyard.core.sampling import SamplingParams
+from rollyard.gateway.pool import EnginePool
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PrefillStage"]
+
+
+class PrefillStage:
+    def __init__(self, pool: EnginePool, min_prompt_tokens: int) -> None:
+        self.pool = pool
+        self.min_prompt_tokens = min_prompt_tokens
+        self.names = [n for n, e in pool.scheduler.state.engines.items() if e.role == "prefill"]
+        self._busy: Counter[str] = Counter()  # prefills in flight per engine
+
+    def applies(self, first_turn: bool, prompt_tokens: int) -> bool:
+        return bool(self.names) and first_turn and prompt_tokens >= self.min_prompt_tokens
+
+    async def prefill(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
+        """Compute the prompt on the least busy healthy prefill engine; returns its name (None:
+        none ran it)."""
+        engines = self.pool.scheduler.state.engines
+        up = [n for n in self.names if engines[n].healthy]
+        if not up:
+            return None
+        name = min(up, key=lambda n: (self._busy[n], n))
+        self._busy[name] += 1
+        started = self.pool.scheduler.clock.now()
+        try:
+            await self.pool.backends[name].generate(prompt_ids, params.model_copy(update={"max_tokens": 1}))
+        except EngineUnavailable as e:
+            log.warning("prefill skipped engine=%s reason=%s", name, e.message[:200])
+            return None
+        finally:
+            self._busy[name] -= 1
+        self.pool.metrics.pd_prefills.labels(name).inc()
+        self.pool.metrics.pd_prefill_s.observe(self.pool.scheduler.clock.now() - started)
+        self.pool.counts["pd_prefills"] += 1
+        return name

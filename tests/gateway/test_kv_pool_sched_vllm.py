@@ -1,0 +1,131 @@
+"""The scheduler weighs the shared KV pool on real engines: two tiny-model engines share
+``engine.kv_pool: {kind: local}``, the gateway runs the ``rollyard`` policy with the pool's rate
+derived as ``rollyard train`` derives it, and a program whose engine is busy moves to the idle
+one, charged a load instead of a re-prefill (``rollyard_sched_moves_total{why="pool"}``), where
+that engine loads its context's blocks from the pool (the engines' own prompt-token counters)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from rollyard.core.engine_key import engine_headers
+from rollyard.engines.kvpool import KVPoolConfig
+from rollyard.engines.kvpool.config import kv_bytes_per_token
+from rollyard.engines.launcher import VLLMServer, free_port
+from rollyard.engines.metrics import prompt_token_sources
+from rollyard.engines.vllm import VLLMBackend
+from rollyard.gateway import FastTokenizer, Gateway, build_gateway, create_app
+from rollyard.sched import make_policy
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+ADMIN = "kvpool-sched-admin"
+BLOCK = 64
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    tmp = tmp_path_factory.mktemp("kvpool-sched")
+    pool = KVPoolConfig(kind="local", root=str(tmp / "pool"))
+    common = dict(kv_tokens=4096, max_model_len=1024, served_name="tiny", kv_pool=pool, startup_timeout_s=900)
+    servers = [VLLMServer(tiny_model_dir, log_path=tmp / f"e{i}.log", **common) for i in range(2)]
+    threads = [threading.Thread(target=s.start) for s in servers]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if not all(s.alive() for s in servers):
+            pytest.fail(f"an engine did not start (logs in {tmp})")
+        yield [s.url for s in servers]
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def serve(gw: Gateway) -> tuple[str, uvicorn.Server, threading.Thread]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(gw), port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    for _ in range(100):
+        if server.started:
+            break
+        time.sleep(0.1)
+    return f"http://127.0.0.1:{port}", server, t
+
+
+def program(url: str, max_tokens: int, ignore_eos: bool = False) -> str:
+    body = {"sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": ignore_eos}}
+    r = httpx.post(f"{url}/programs", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["api_key"])
+
+
+def chat(url: str, key: str, messages: list[dict[str, str]]) -> dict:
+    r = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "tiny", "messages": messages},
+        headers={"Authorization": f"Bearer {key}"}, timeout=600,
+    )  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def words(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "omega", "sigma"]) for _ in range(n))
+
+
+def sources(url: str) -> dict[str, int]:
+    return prompt_token_sources(httpx.get(f"{url}/metrics", headers=engine_headers()).text)
+
+
+def test_a_program_on_a_busy_engine_moves_to_an_idle_one_and_loads_its_context(
+    engines: list[str], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    rate = KVPoolConfig(kind="local").load_tok_s(kv_bytes_per_token(tiny_model_dir))
+    gw = build_gateway(
+        {f"e{i}": VLLMBackend(u, name=f"e{i}") for i, u in enumerate(engines)},
+        FastTokenizer(tiny_model_dir), tmp_path / "journal.db", ADMIN, "tiny",
+        policy=make_policy("rollyard", pool_load_tok_s=rate), capacity=1,
+    )  # fmt: skip
+    url, server, thread = serve(gw)
+    state = gw.pool.scheduler.state
+    try:
+        p = program(url, 16)
+        history = [{"role": "user", "content": words(200, 1)}]
+        first = chat(url, p, history)  # placed on e0 (both empty); its time there is measured
+        assert state.engines["e0"].service_s > 0
+        chat(url, program(url, 8), [{"role": "user", "content": words(500, 2)}])  # e1: fewer tokens
+        hog = program(url, 300, ignore_eos=True)  # goes to e0 (fewer tokens there) and holds its slot
+        busy = threading.Thread(target=chat, args=(url, hog, [{"role": "user", "content": "go"}]))
+        busy.start()
+        for _ in range(600):
+            if state.engines["e0"].in_flight == 1:
+                break
+            time.sleep(0.05)
+        assert state.engines["e0"].in_flight == 1, "the long request did not start on e0"
+        before = sources(engines[1])
+        history += [first["choices"][0]["message"], {"role": "user", "content": words(40, 3)}]
+        second = chat(url, p, history)
+        after = sources(engines[1])
+        busy.join(600)
+        moves = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+        assert gw.pool.counts["pool_moves"] == 1 and gw.pool.counts["moves"] == 1
+        assert 'rollyard_sched_moves_total{why="pool"} 1.0' in moves
+        # turn 2 ran on e1 and loaded turn 1's full blocks (prompt and output) from the pool
+        context1 = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]
+        loaded = after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
+        computed = after.get("local_compute", 0) - before.get("local_compute", 0)
+        assert loaded >= (context1 - 1) // BLOCK * BLOCK - BLOCK > 0
+        assert loaded + computed == second["usage"]["prompt_tokens"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
