@@ -43,7 +43,7 @@ def test_rollyard_train_with_ray_runs_trainer_rank_1_as_a_placement_group_actor(
     log = (run.logs / "run.log").read_text()
     up = re.search(r"trainer ranks up world=2 .*placement=ray rendezvous=([\d.]+):\d+", log)
     assert up and not up.group(1).startswith("127."), log[-2000:]
-    assert "trainer rank actors joined nodes=" in log
+    assert f"trainer rank actors joined nodes=['{up.group(1)}']" in log  # one node: the head's
     before = load_file(str(tiny_model_dir / "model.safetensors"))
     after = load_file(str(run.weights / "v000002" / "model.safetensors"))
     assert max(float((after[k] - before[k]).abs().max()) for k in before.keys() & after.keys()) > 0

@@ -76,6 +76,7 @@ RESUME_KEYS = {
     "run.steps",
     "run.progress",
     "trainer.world_size",
+    "trainer.placement",
     "trainer.parallel.kind",
     "trainer.activation_checkpointing",
     "trainer.threads",

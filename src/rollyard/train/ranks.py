@@ -1,4 +1,5 @@
-"""N data-parallel trainer ranks from one run: rank 0 in this process, ranks 1..N-1 spawned.
+"""N data-parallel trainer ranks from one run: rank 0 in this process, ranks 1..N-1 spawned on
+this host (``PipeWorkers``) or Ray actors in one placement group (``ray_ranks.RayWorkers``).
 
 ``trainer.world_size: N`` makes ``rollyard train`` build a ``RankGroup`` instead of a single
 ``Trainer``; it has the same face (``model``, ``train_step``, ``save``, ``load``), so the loop does
@@ -20,6 +21,7 @@ import functools
 import hashlib
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -198,8 +200,10 @@ class PipeWorkers:
         return out
 
     def check(self, timeout_s: float) -> None:
-        time.sleep(timeout_s)
+        # until a worker answers (alive) or exits, so a rank that did not die costs no wait
+        heard = mp_connection.wait([*self._pipes, *(p.sentinel for p in self._procs)], timeout=timeout_s)
         for rank, proc in enumerate(self._procs, start=1):
+            proc.join(timeout=0.2 if heard else 0)  # a closed pipe: its process is exiting
             if not proc.is_alive():
                 raise TrainError(f"trainer rank {rank} is gone (exit code {proc.exitcode})")
 
@@ -217,14 +221,12 @@ class PipeWorkers:
 def _serve_store(world: int, addr: str) -> tuple[int, dist.TCPStore]:
     """Rank 0's store on a free port of ``addr`` (another process may take a port between
     ``free_port`` and the bind: retried)."""
-    for attempt in range(5):
-        port = free_port()
-        try:
+    for _ in range(4):
+        with contextlib.suppress(RuntimeError):  # the port was taken meanwhile
+            port = free_port()
             return port, rank_store(0, world, addr, port)
-        except RuntimeError:  # the port was taken meanwhile
-            if attempt == 4:
-                raise
-    raise AssertionError("unreachable")
+    port = free_port()
+    return port, rank_store(0, world, addr, port)
 
 
 @dataclass(frozen=True)

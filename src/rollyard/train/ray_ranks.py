@@ -64,14 +64,14 @@ class RankActor:
         self.trainer: Any = None
 
     def join(self) -> tuple[str, str]:
-        """Join rank 0's group (collective with its ``Trainer``); answers with this node's id."""
-        import ray
-
+        """Join rank 0's group (collective with its ``Trainer``); answers with the address this
+        node reaches rank 0 from (which node Ray placed the rank on)."""
         rank, world, addr, port = self.args[:4]
-        bind_gloo(route_address(addr))  # the address rank 0 reaches this node by
+        own = route_address(addr)
+        bind_gloo(own)
         rank_env(rank, world, addr, port, local_rank=0)  # Ray gives each actor its own GPU as cuda:0
         self.trainer = start_rank(*self.args)
-        return ("ok", str(ray.get_runtime_context().get_node_id()))
+        return ("ok", own)
 
     def run(self, cmd: str, arg: Any) -> tuple[str, str]:
         return answer(self.trainer, cmd, arg)
@@ -119,7 +119,7 @@ class RayWorkers:
             )
             self.actors.append(actor)
         self._pending = [(rank, a.join.remote()) for rank, a in enumerate(self.actors, start=1)]
-        self.nodes: set[str] = set()  # the node ids the workers joined from
+        self.nodes: set[str] = set()  # the addresses the workers joined from (their nodes)
 
     def send(self, cmd: str, arg: Any) -> None:
         self._pending = [(rank, a.run.remote(cmd, arg)) for rank, a in enumerate(self.actors, start=1)]
