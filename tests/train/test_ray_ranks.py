@@ -83,3 +83,17 @@ def test_a_lost_rank_actor_fails_the_step_with_a_train_error(local_ray: None, ti
         group.close()
     assert all(g["state"] == "REMOVED" for g in _groups())
     assert not torch.distributed.is_initialized()  # rank 0 left the broken group too
+
+
+def test_a_rank_actor_that_cannot_start_fails_the_start_instead_of_hanging(
+    local_ray: None, tiny_model_dir: Path
+) -> None:
+    """The actor's node lacks the code of the model factory (here: a test module Ray's workers
+    cannot import): its join fails before the rendezvous, and rank 0 says so instead of waiting."""
+    from test_ranks import tiny_policy
+
+    make = functools.partial(tiny_policy, tiny_model_dir)
+    with pytest.raises(TrainError, match=r"trainer rank 1 .*test_ranks"):
+        RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
+    assert all(g["state"] == "REMOVED" for g in _groups())
+    assert not torch.distributed.is_initialized()

@@ -47,6 +47,16 @@ def bind_gloo(address: str) -> None:
             return
 
 
+def _why(e: Exception) -> str:
+    """A Ray error in one line: a task's own exception, else the last line of an actor's death
+    report (``ModuleNotFoundError: ...`` when the node lacks the code, ``ray.kill``, ...)."""
+    cause = getattr(e, "cause", None)  # a task error's own exception; its str is a traceback
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1][:300]}" if lines else type(e).__name__
+
+
 class RankActor:
     """One worker rank on whatever node Ray placed its bundle: ``join``, then commands, then ``stop``."""
 
@@ -124,18 +134,14 @@ class RayWorkers:
     def send(self, cmd: str, arg: Any) -> None:
         self._pending = [(rank, a.run.remote(cmd, arg)) for rank, a in enumerate(self.actors, start=1)]
 
-    def _get(self, rank: int, ref: Any, timeout: float | None = None) -> tuple[str, str]:
+    def _get(self, rank: int, ref: Any) -> tuple[str, str]:
         import ray
 
         try:
-            return tuple(ray.get(ref, timeout=timeout))  # type: ignore[return-value]
-        except ray.exceptions.GetTimeoutError:
-            raise
+            return tuple(ray.get(ref))  # type: ignore[return-value]
         except ray.exceptions.RayError as e:
-            cause = getattr(e, "cause", None)  # a task error's own exception; its str is a traceback
-            why = f"{type(cause).__name__}: {cause}" if cause is not None else type(e).__name__
             raise TrainError(
-                f"trainer rank {rank} (a Ray actor) failed or is lost ({why}): the run stops; "
+                f"trainer rank {rank} (a Ray actor) failed or is lost ({_why(e)}): the run stops; "
                 "continue it from its last checkpoint with `rollyard train --resume RUN_DIR`"
             ) from None
 
