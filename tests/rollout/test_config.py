@@ -174,3 +174,26 @@ def test_required_turns_and_the_opening_belong_to_a_forcing_whitebox_agent() -> 
         builtin_config("demo", {"run.top_p": 0})
     full = builtin_config("full")
     assert (full.agent.required_turns, full.agent.opening, full.run.top_p) == (2, ["ls data /tests"], 0.9)
+
+
+def test_trainer_placement_chooses_where_ranks_run() -> None:
+    """``auto``: Ray actors when the run has a Ray address and more than one rank; ``ray`` without
+    an address is refused; ``local`` keeps spawned ranks even on Ray."""
+    assert not builtin_config("quick", {"trainer.world_size": 2}).ranks_on_ray
+    assert builtin_config("quick", {"trainer.world_size": 2, "ray.address": "local"}).ranks_on_ray
+    assert not builtin_config("quick", {"ray.address": "local"}).ranks_on_ray  # one rank: none to place
+    local = {"trainer.world_size": 2, "ray.address": "local", "trainer.placement": "local"}
+    assert not builtin_config("quick", local).ranks_on_ray
+    with pytest.raises(ConfigError, match=r"trainer\.placement: ray needs ray\.address"):
+        builtin_config("quick", {"trainer.world_size": 2, "trainer.placement": "ray"})
+    with pytest.raises(ConfigError, match="ray_strategy"):
+        builtin_config("quick", {"trainer.ray_strategy": "RANDOM"})
+
+
+def test_rollyard_train_refuses_to_run_as_one_of_torchruns_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollyard.rollout.entry import run_training
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size"):
+        run_training(Path("quick"), None, None, None, {})

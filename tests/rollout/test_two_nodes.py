@@ -1,7 +1,8 @@
 """Two Ray nodes on one host, each in its own network namespace (``rollout.netns``): the head
-runs ``rollyard train`` (gateway + trainer), the worker node runs the engine and every agent and
-sandbox. Then the worker machine is lost during a step: the run stops with a clear error and
-resumes from its checkpoint, and the ledger shows no group lost or trained twice.
+runs ``rollyard train`` (gateway + trainer rank 0), the worker node runs the engine, every agent
+and sandbox and, in the first test, trainer rank 1 (a Ray actor). Then the worker machine is lost
+during a step: the run stops with a clear error and resumes from its checkpoint, and the ledger
+shows no group lost or trained twice.
 
 ``make test-cluster`` (marker ``cluster``): a few minutes, most of it two engine start-ups.
 """
@@ -43,7 +44,7 @@ def cluster() -> Iterator[TwoNodeRay]:
     pytest.importorskip("ray")
     if why := _usable():
         pytest.skip(f"no network namespaces here: {why}")
-    with TwoNodeRay(worker_cpus=2) as c:
+    with TwoNodeRay(worker_cpus=3) as c:  # the engine, two rollout workers, a trainer rank
         yield c
 
 
@@ -56,8 +57,11 @@ def _train(cluster: TwoNodeRay, run: RunDir, *args: str) -> subprocess.Popen[byt
     return cluster.popen("head", [rollyard, "train", *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
 
 
-def _new_run(cluster: TwoNodeRay, run: RunDir, checkpoint_every: int) -> subprocess.Popen[bytes]:
+def _new_run(
+    cluster: TwoNodeRay, run: RunDir, checkpoint_every: int, **extra: object
+) -> subprocess.Popen[bytes]:
     over = {
+        **extra,
         "run.steps": STEPS,
         "run.checkpoint_every": checkpoint_every,
         "run.progress": "false",
@@ -115,11 +119,16 @@ def test_three_steps_with_engine_agents_and_sandboxes_on_the_worker_node(
 ) -> None:
     run = RunDir(tmp_path / "run")
     t0 = time.monotonic()
-    rc = _wait(_new_run(cluster, run, checkpoint_every=10), run)
+    # two trainer ranks: rank 1 is a Ray actor, which only the worker node has room for
+    rc = _wait(_new_run(cluster, run, checkpoint_every=10, **{"trainer.world_size": 2}), run)
     assert rc == 0, _stderr(run)[-3000:]
     print(f"two-node run: {STEPS} steps in {time.monotonic() - t0:.0f} s")
     _assert_ledger(run, groups_per_step=2)
     _assert_on_worker(run)
+    assert all(r["train_ranks"] == 2 and r["train_ranks_on_ray"] == 1.0 for r in run.read_metrics())
+    log = (run.logs / "run.log").read_text()
+    assert f"placement=ray rendezvous={HEAD_IP}:" in log  # rank 0 on the head, at its address
+    assert f"trainer rank actors joined nodes=['{WORKER_IP}']" in log  # rank 1 from the worker node
     weights = [r["policy_version"] for r in run.read_metrics()]
     assert weights == [1, 2, 3]  # each step's weights reached the engine on the other node
 

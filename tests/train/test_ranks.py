@@ -4,12 +4,14 @@ trainer gets from the same batch, and their sharded checkpoints load at another 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from rollyard.core import Sample
+from rollyard.core.errors import TrainError
 from rollyard.train.ranks import RankGroup
 from rollyard.train.trainer import TrainConfig, Trainer
 
@@ -18,6 +20,13 @@ def tiny_policy(model_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def policy_rank_0_only(model_dir: Path) -> torch.nn.Module:
+    """The model on rank 0; a worker rank's node "lacks" it (spawned ranks see torchrun's RANK)."""
+    if os.environ.get("RANK", "0") != "0":
+        raise FileNotFoundError(f"{model_dir} is not on this node")
+    return tiny_policy(model_dir)
 
 
 def _samples(seed: int = 0) -> list[Sample]:
@@ -102,3 +111,12 @@ def test_a_sharded_checkpoint_resumes_at_another_world_size(tiny_model_dir: Path
     finally:
         group.close()
     _assert_same(final, _weights(straight.model), atol=5e-6)
+
+
+def test_a_spawned_rank_that_cannot_load_its_model_fails_the_start_instead_of_hanging(
+    tiny_model_dir: Path,
+) -> None:
+    make = functools.partial(policy_rank_0_only, tiny_model_dir)
+    with pytest.raises(TrainError, match="trainer rank 1 is gone"):
+        RankGroup(make, TrainConfig(), world=2)
+    assert not torch.distributed.is_initialized()

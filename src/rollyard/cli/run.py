@@ -17,7 +17,9 @@ def train(
     run_dir: Path | None = typer.Option(None, "--run-dir", help="where the run is written"),
     resume: Path | None = typer.Option(None, "--resume", help="continue the run in this directory"),
     ray: str | None = typer.Option(
-        None, "--ray", help="Ray address for rollout workers and engines ('local' starts one)"
+        None,
+        "--ray",
+        help="Ray address for rollout workers, engines and trainer ranks 1.. ('local' starts one)",
     ),
     set_: list[str] = typer.Option([], "--set", help="override a config value: key.path=value"),
 ) -> None:

@@ -141,9 +141,16 @@ class TrainerConfig(TrainConfig):
     masks: StabilityMasks = Field(default_factory=StabilityMasks)  # samples left out of the loss
     threads: int = Field(default=2, ge=1)  # torch intra-op threads
     world_size: int = Field(default=1, ge=1)  # FSDP2 trainer ranks (gloo on CPU, nccl on GPU)
+    # Where ranks 1..N-1 run: "ray" makes them Ray actors reserved through one placement group
+    # (``train/ray_ranks.py``), each bundle ``cpus_per_rank`` CPUs (+ 1 GPU where CUDA is);
+    # "local": processes spawned on this host; "auto": on Ray when ``ray.address`` is set and
+    # world_size > 1. Rank 0 always runs in the run's process (it publishes).
+    placement: Literal["auto", "local", "ray"] = "auto"
+    cpus_per_rank: float = Field(default=1.0, gt=0)
+    ray_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
     def train_config(self) -> TrainConfig:
-        local = {"advantages", "masks", "threads", "world_size"}
+        local = {"advantages", "masks", "threads", "world_size", "placement", "cpus_per_rank", "ray_strategy"}
         return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
@@ -247,6 +254,20 @@ class Config(Section):
                 "to an address of this node that they reach (or publish.mode: disk on a shared path)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _ranks_on_ray(self) -> Config:
+        if self.trainer.placement == "ray" and not self.ray.address:
+            raise ValueError("trainer.placement: ray needs ray.address (or --ray)")
+        return self
+
+    @property
+    def ranks_on_ray(self) -> bool:
+        """Trainer ranks 1..N-1 are Ray actors (``train/ray_ranks.py``), not local processes."""
+        t = self.trainer
+        if t.placement == "local" or t.world_size < 2:
+            return False
+        return t.placement == "ray" or self.ray.address is not None
 
     @property
     def engines_on_ray(self) -> bool:

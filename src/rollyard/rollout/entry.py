@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,16 +76,31 @@ RESUME_KEYS = {
     "run.steps",
     "run.progress",
     "trainer.world_size",
+    "trainer.placement",
     "trainer.parallel.kind",
     "trainer.activation_checkpointing",
     "trainer.threads",
 }
 
 
+def _not_a_torchrun_rank() -> None:
+    """A run is one process that starts its own trainer ranks (``trainer.world_size``,
+    ``trainer.placement``); under torchrun every rank would run a whole run (its own engines,
+    gateway and buffer), so that is refused before anything starts."""
+    world = os.environ.get("WORLD_SIZE", "")
+    if world.isdigit() and int(world) > 1 and "RANK" in os.environ:
+        raise ConfigError(
+            f"rollyard train is running as rank {os.environ['RANK']} of WORLD_SIZE={world} (torchrun?): "
+            "start it once and set trainer.world_size (and trainer.placement: ray with --ray for "
+            "ranks on other nodes); it starts the ranks itself"
+        )
+
+
 def run_training(
     config: Path | None, run_dir: Path | None, resume: Path | None, ray: str | None, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """``rollyard train``: a new run from CONFIG, or ``--resume RUN_DIR`` with its saved config."""
+    _not_a_torchrun_rank()
     if resume is not None:
         run = RunDir(resume)
         other = sorted(set(overrides) - RESUME_KEYS)

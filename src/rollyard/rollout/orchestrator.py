@@ -54,9 +54,11 @@ def build_trainer(cfg: Config, model_dir: Path) -> Any:
     # logprobs of that same distribution, ``--logprobs-mode processed_logprobs``).
     train_cfg = cfg.trainer.train_config().model_copy(update={"temperature": max(cfg.run.temperature, 1e-3)})
     if cfg.trainer.world_size > 1 or cfg.trainer.dtype == "bf16":
-        from rollyard.train.ranks import RankGroup
+        from rollyard.train.ranks import RankGroup, RayPlacement
 
-        return RankGroup(functools.partial(load_policy, model_dir), train_cfg, cfg.trainer.world_size)
+        t = cfg.trainer
+        ray = RayPlacement(t.cpus_per_rank, t.ray_strategy) if cfg.ranks_on_ray else None
+        return RankGroup(functools.partial(load_policy, model_dir), train_cfg, t.world_size, ray)
     return Trainer(load_policy(model_dir), train_cfg)
 
 
@@ -134,13 +136,17 @@ async def train(
                 start = await cli_warm_start(train_tasks, start, run.root, cfg)
         else:
             start = await warm_start(train_tasks, provider, start, run.root, cfg)
-    say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
-    trainer = build_trainer(cfg, start)
-    try:
-        return await _train(cfg, run, trainer, start, train_tasks, held_out, resume=resume, progress=progress)
-    finally:
-        if hasattr(trainer, "close"):
-            trainer.close()
+    where = ", ranks 1.. as Ray actors in one placement group" if cfg.ranks_on_ray else ""
+    say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s){where}"})
+    with ray_session(cfg, run.root):  # trainer ranks, engines and rollout workers may be its actors
+        trainer = build_trainer(cfg, start)
+        try:
+            return await _train(
+                cfg, run, trainer, start, train_tasks, held_out, resume=resume, progress=progress
+            )
+        finally:
+            if hasattr(trainer, "close"):
+                trainer.close()
 
 
 async def _train(
@@ -176,10 +182,9 @@ async def _train(
     # Memory mode writes no weights: engines start (and restart) on the starting model and are
     # then given the trainer's weights; a resumed run's are sent as its checkpoint's version.
     served = 0 if memory else state.version
-    with ray_session(cfg, run.root):  # engines and rollout workers may be its actors
-        return await _serve_and_loop(
-            cfg, run, trainer, tokenizer, weights, served, train_tasks, held_out, state, progress
-        )
+    return await _serve_and_loop(
+        cfg, run, trainer, tokenizer, weights, served, train_tasks, held_out, state, progress
+    )
 
 
 async def _serve_and_loop(

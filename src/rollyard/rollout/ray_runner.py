@@ -119,8 +119,9 @@ def ray_session(cfg: Config, run_dir: Path) -> Iterator[None]:
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs" / "ray_temp_dir.txt").write_text(f"{tmp}\n")
         engines = cfg.engine.count * cfg.engine.cpus_per_engine if cfg.engines_on_ray else 0
+        ranks = (cfg.trainer.world_size - 1) * cfg.trainer.cpus_per_rank if cfg.ranks_on_ray else 0
         ray.init(
-            num_cpus=max(2, math.ceil(cfg.ray.workers * cfg.ray.num_cpus_per_worker + engines)),
+            num_cpus=max(2, math.ceil(cfg.ray.workers * cfg.ray.num_cpus_per_worker + engines + ranks)),
             _temp_dir=str(tmp),
             include_dashboard=False,
             log_to_driver=False,

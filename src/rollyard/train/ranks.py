@@ -1,4 +1,5 @@
-"""N data-parallel trainer ranks from one run: rank 0 in this process, ranks 1..N-1 spawned.
+"""N data-parallel trainer ranks from one run: rank 0 in this process, ranks 1..N-1 spawned on
+this host (``PipeWorkers``) or Ray actors in one placement group (``ray_ranks.RayWorkers``).
 
 ``trainer.world_size: N`` makes ``rollyard train`` build a ``RankGroup`` instead of a single
 ``Trainer``; it has the same face (``model``, ``train_step``, ``save``, ``load``), so the loop does
@@ -20,10 +21,14 @@ import functools
 import hashlib
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,12 +38,15 @@ from rollyard.core.net import free_port
 from rollyard.core.sample import Sample
 from rollyard.train.checkpoint import stage_dir
 from rollyard.train.distributed import DataParallel, leave_group
-from rollyard.train.sharding import local
+from rollyard.train.sharding import local, rank_device
 from rollyard.train.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
 
 ModelFactory = Callable[[], torch.nn.Module]
+LOOPBACK = "127.0.0.1"  # the rendezvous of ranks that all run on this host
+JOIN_S = 600.0  # for every worker rank to load its model and dial rank 0's store
+CHECK_S = 10.0  # how long rank 0, whose collective failed, waits to hear which rank was lost
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -50,27 +58,72 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _init(rank: int, world: int, port: int, backend: str) -> None:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+def rank_env(rank: int, world: int, addr: str, port: int, local_rank: int) -> None:
+    """torchrun's variables in a worker rank's own process, so code reading them (``rank_device``
+    reads LOCAL_RANK) sees what a torchrun launch gives. Never set in rank 0: the run's process
+    also starts engines, which must not inherit a trainer rank's identity."""
+    env = {
+        "RANK": rank,
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": local_rank,
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
+    os.environ.update({k: str(v) for k, v in env.items()})
+
+
+def rank_store(rank: int, world: int, addr: str, port: int) -> dist.TCPStore:
+    """The group's store: rank 0 serves it (before any worker starts), the others dial it."""
+    return dist.TCPStore(
+        addr, port, world, is_master=rank == 0, wait_for_workers=False, timeout=timedelta(seconds=JOIN_S)
+    )
+
+
+def _init(rank: int, world: int, store: dist.TCPStore, backend: str) -> None:
     if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        torch.cuda.set_device(rank_device())
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
-def _serve(trainer: Trainer, cmd: str, arg: Any) -> None:
-    """A worker's part of one command (the same calls, in the same order, as rank 0's)."""
-    if cmd == "step":
-        trainer.train_step(trainer.parallel.shard([Sample.model_validate(s) for s in arg]))
-        trainer.weights()
-    elif cmd == "save":
-        trainer.write_shards(Path(arg))
-    elif cmd == "load":
-        trainer.load(arg)
-        trainer.weights()
-    elif cmd == "gather":
-        trainer.weights()
-    else:
-        raise TrainError(f"unknown rank command {cmd!r}")
+def start_rank(
+    rank: int,
+    world: int,
+    addr: str,
+    port: int,
+    backend: str,
+    make_model: ModelFactory,
+    config: dict[str, Any],
+) -> Trainer:
+    """A rank > 0 builds its model, says it is ready, and joins the group (collective with rank
+    0's ``Trainer``). What can fail alone (the model's files) fails before the rendezvous, where
+    rank 0 sees this rank gone rather than waiting in a collective for it."""
+    torch.set_num_threads(1)
+    model = make_model()
+    store = rank_store(rank, world, addr, port)
+    store.set(f"ready{rank}", "1")
+    _init(rank, world, store, backend)
+    return Trainer(model, TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True))
+
+
+def answer(trainer: Trainer, cmd: str, arg: Any) -> tuple[str, str]:
+    """A worker's part of one command (the same calls, in the same order, as rank 0's), answered
+    ``("ok", digest of its weights)`` or ``("error", what failed)``: every worker kind's protocol."""
+    try:
+        if cmd == "step":
+            trainer.train_step(trainer.parallel.shard([Sample.model_validate(s) for s in arg]))
+            trainer.weights()
+        elif cmd == "save":
+            trainer.write_shards(Path(arg))
+        elif cmd == "load":
+            trainer.load(arg)
+            trainer.weights()
+        elif cmd == "gather":
+            trainer.weights()
+        else:
+            raise TrainError(f"unknown rank command {cmd!r}")
+        return ("ok", weights_digest(trainer.model))
+    except Exception as e:  # reported to rank 0, which raises it
+        return ("error", f"{type(e).__name__}: {e}")
 
 
 def _worker(
@@ -82,50 +135,161 @@ def _worker(
     config: dict[str, Any],
     pipe: Any,
 ) -> None:
-    """A rank > 0: the same trainer, fed the same commands; answers each with its weights' digest."""
-    torch.set_num_threads(1)
-    _init(rank, world, port, backend)
-    trainer = Trainer(
-        make_model(), TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True)
-    )
+    """A spawned rank > 0: the same trainer, fed the same commands over a pipe until "stop"."""
+    rank_env(rank, world, LOOPBACK, port, rank)
+    trainer = start_rank(rank, world, LOOPBACK, port, backend, make_model, config)
+    pipe.send(("ok", "joined"))
     try:
         while True:
             cmd, arg = pipe.recv()
             if cmd == "stop":
                 break
-            try:
-                _serve(trainer, cmd, arg)
-                pipe.send(("ok", weights_digest(trainer.model)))
-            except Exception as e:  # reported to rank 0, which raises it
-                pipe.send(("error", f"{type(e).__name__}: {e}"))
+            pipe.send(answer(trainer, cmd, arg))
     finally:
         leave_group()
 
 
-class RankGroup:
-    """Rank 0's trainer plus the worker ranks; ``close`` stops them."""
+class Workers(Protocol):
+    """Ranks 1..N-1, however they were started: fed commands, answering each with a digest."""
 
-    def __init__(self, make_model: ModelFactory, config: TrainConfig, world: int) -> None:
+    kind: str  # "local" or "ray": where they run (reported in the trainer phase and metrics)
+
+    def send(self, cmd: str, arg: Any) -> None: ...
+
+    def answers(self) -> list[tuple[str, str]]:
+        """Each rank's answer to the last command; a lost rank raises ``TrainError``."""
+        ...
+
+    def check(self, timeout_s: float) -> None:
+        """Raise ``TrainError`` naming a lost rank, if one is (waiting up to ``timeout_s`` to know)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+class PipeWorkers:
+    """Ranks spawned on this host, one pipe each; rendezvous on loopback."""
+
+    kind = "local"
+
+    def __init__(
+        self, world: int, port: int, backend: str, make_model: ModelFactory, config: dict[str, Any]
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self._pipes: list[Any] = []
+        self._procs: list[Any] = []
+        for rank in range(1, world):
+            here, there = ctx.Pipe()
+            args = (rank, world, port, backend, make_model, config, there)
+            proc = ctx.Process(target=_worker, args=args, daemon=True, name=f"rollyard-rank{rank}")
+            proc.start()
+            self._pipes.append(here)
+            self._procs.append(proc)
+
+    def send(self, cmd: str, arg: Any) -> None:
+        for p in self._pipes:
+            p.send((cmd, arg))
+
+    def answers(self) -> list[tuple[str, str]]:
+        out = []
+        for rank, p in enumerate(self._pipes, start=1):
+            try:
+                out.append(p.recv())
+            except (EOFError, OSError):
+                raise TrainError(f"trainer rank {rank} is gone (its process exited)") from None
+        return out
+
+    def check(self, timeout_s: float) -> None:
+        # until a worker answers (alive) or exits, so a rank that did not die costs no wait
+        heard = mp_connection.wait([*self._pipes, *(p.sentinel for p in self._procs)], timeout=timeout_s)
+        for rank, proc in enumerate(self._procs, start=1):
+            proc.join(timeout=0.2 if heard else 0)  # a closed pipe: its process is exiting
+            if not proc.is_alive():
+                raise TrainError(f"trainer rank {rank} is gone (exit code {proc.exitcode})")
+
+    def stop(self) -> None:
+        for p in self._pipes:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                p.send(("stop", None))
+        leave_group()  # with the workers, which leave on "stop"
+        for proc in self._procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _serve_store(world: int, addr: str) -> tuple[int, dist.TCPStore]:
+    """Rank 0's store on a free port of ``addr`` (another process may take a port between
+    ``free_port`` and the bind: retried)."""
+    for _ in range(4):
+        with contextlib.suppress(RuntimeError):  # the port was taken meanwhile
+            port = free_port()
+            return port, rank_store(0, world, addr, port)
+    port = free_port()
+    return port, rank_store(0, world, addr, port)
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """Ranks 1..N-1 as Ray actors in one placement group (``trainer.placement: ray``)."""
+
+    cpus_per_rank: float = 1.0
+    strategy: str = "PACK"
+    timeout_s: float = 300.0  # for the group's bundles to be reserved (a node with room to join)
+
+
+class RankGroup:
+    """Rank 0's trainer plus the worker ranks (spawned here, or Ray actors); ``close`` stops them."""
+
+    def __init__(
+        self, make_model: ModelFactory, config: TrainConfig, world: int, ray: RayPlacement | None = None
+    ) -> None:
         if world < 1:
             raise TrainError("a rank group needs world_size >= 1")
         self.world = world
         self.config = config
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        self._pipes = []
-        self._procs = []
-        for rank in range(1, world):
-            here, there = ctx.Pipe()
-            args = (rank, world, port, backend, make_model, config.model_dump(mode="json"), there)
-            proc = ctx.Process(target=_worker, args=args, daemon=True, name=f"rollyard-rank{rank}")
-            proc.start()
-            self._pipes.append(here)
-            self._procs.append(proc)
-        _init(0, world, port, backend)
-        self.trainer = Trainer(make_model(), config, parallel=DataParallel(0, world, True))
+        spec = config.model_dump(mode="json")
+        self._workers: Workers
+        if ray is None or world == 1:
+            addr = LOOPBACK
+            port, store = _serve_store(world, addr)
+            self._workers = PipeWorkers(world, port, backend, make_model, spec)
+        else:
+            from rollyard.train.ray_ranks import RayWorkers, head_address
+
+            addr = head_address()  # routable: ranks may sit on other nodes
+            port, store = _serve_store(world, addr)
+            self._workers = RayWorkers(ray, world, addr, port, backend, make_model, spec)
+        try:
+            model = make_model()
+            self._wait_ready(store)
+            _init(0, world, store, backend)
+            self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
+            self._workers.answers()  # each worker's "joined"
+        except BaseException:
+            self._workers.stop()
+            raise
         self._published: Any = None  # the full weights of the last step or load
-        log.info("trainer ranks up world=%d backend=%s parallel=%s", world, backend, config.parallel.kind)
+        log.info(
+            "trainer ranks up world=%d backend=%s parallel=%s placement=%s rendezvous=%s:%d",
+            world, backend, config.parallel.kind, self._workers.kind, addr, port,
+        )  # fmt: skip
+
+    def _wait_ready(self, store: dist.TCPStore) -> None:
+        """Until every worker has its model and dialled the store; a worker that dies first (a
+        missing model dir on its node, an actor that could not start) fails here, not in a hang."""
+        keys = [f"ready{r}" for r in range(1, self.world)]
+        deadline = time.monotonic() + JOIN_S
+        while not store.check(keys):
+            self._workers.check(timeout_s=0.5)
+            if time.monotonic() > deadline:
+                raise TrainError(f"trainer ranks did not join within {JOIN_S:.0f} s")
+
+    @property
+    def placement(self) -> str:
+        """Where ranks 1..N-1 run: ``local`` (spawned on this host) or ``ray`` (actors)."""
+        return self._workers.kind
 
     @property
     def model(self) -> torch.nn.Module:
@@ -136,12 +300,15 @@ class RankGroup:
 
     def _run(self, cmd: str, arg: Any, mine: Callable[[], Any], *, compare: bool = False) -> Any:
         """Workers first, then rank 0's ``mine``, then the workers' answers (errors raised here)."""
-        for p in self._pipes:
-            p.send((cmd, arg))
-        result = mine()
-        if cmd != "save":  # the workers gather too (``_serve``)
-            self._published = self.trainer.weights()
-        answers = [p.recv() for p in self._pipes]
+        self._workers.send(cmd, arg)
+        try:
+            result = mine()
+            if cmd != "save":  # the workers gather too (``answer``)
+                self._published = self.trainer.weights()
+        except Exception:
+            self._workers.check(timeout_s=CHECK_S)  # a lost rank broke the collective: say which
+            raise
+        answers = self._workers.answers()
         errors = [a[1] for a in answers if a[0] == "error"]
         if errors:
             raise TrainError(f"a trainer rank failed: {errors[0]}")
@@ -162,6 +329,7 @@ class RankGroup:
         step = functools.partial(self.trainer.train_step, self.trainer.parallel.shard(samples))
         metrics: dict[str, float] = self._run("step", batch, step, compare=True)
         metrics["ranks"] = float(self.world)
+        metrics["ranks_on_ray"] = float(self.placement == "ray")
         if self.replicated:
             metrics["ranks_in_sync"] = 1.0  # checked above: every rank holds the published weights
         return metrics
@@ -176,11 +344,4 @@ class RankGroup:
         return extra
 
     def close(self) -> None:
-        for p in self._pipes:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                p.send(("stop", None))
-        leave_group()  # with the workers, which leave on "stop"
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
+        self._workers.stop()

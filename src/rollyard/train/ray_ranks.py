@@ -1,0 +1,180 @@
+"""Trainer ranks 1..N-1 as Ray actors reserved through one placement group (``trainer.placement: ray``).
+
+Rank 0 stays in the run's process (it publishes); the workers are ``RankActor`` s, one per bundle
+of a single placement group (``{CPU: trainer.cpus_per_rank, GPU: 1 where CUDA is}``, strategy
+``trainer.ray_strategy``), so the whole world is reserved at once or not at all. They get the same
+commands as spawned ranks (``ranks.answer``) as Ray method calls. The rendezvous is rank 0's node
+address, never loopback, and every rank binds gloo to the interface it reaches rank 0 by (gloo
+otherwise takes the hostname's address, often 127.0.1.1: see ``engines/gloo_pair.py``). A rank
+whose actor or node is lost fails the step with a ``TrainError``: the run stops and
+``rollyard train --resume RUN_DIR`` continues from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+from rollyard.core.errors import TrainError
+from rollyard.core.net import interface_addresses
+from rollyard.engines.gloo_pair import route_address
+from rollyard.train.distributed import leave_group
+from rollyard.train.ranks import ModelFactory, RayPlacement, answer, rank_env, start_rank
+
+log = logging.getLogger(__name__)
+
+STOP_S = 60.0  # for the actors to leave the group before they are killed
+
+
+def head_address() -> str:
+    """Rank 0's rendezvous address: this node's address as Ray knows it (other nodes reach it);
+    gloo in this process is bound to its interface."""
+    import ray
+
+    addr = str(ray.util.get_node_ip_address())
+    bind_gloo(addr)
+    return addr
+
+
+def bind_gloo(address: str) -> None:
+    """Make gloo's default device (every group torch makes here, FSDP's meshes included) use the
+    interface holding ``address``; a ``GLOO_SOCKET_IFNAME`` already set is kept."""
+    for name, ip in interface_addresses().items():
+        if ip == address:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+            return
+
+
+def _why(e: Exception) -> str:
+    """A Ray error in one line: a task's own exception, else the last line of an actor's death
+    report (``ModuleNotFoundError: ...`` when the node lacks the code, ``ray.kill``, ...)."""
+    cause = getattr(e, "cause", None)  # a task error's own exception; its str is a traceback
+    if cause is not None:
+        return f"{type(cause).__name__}: {cause}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[-1][:300]}" if lines else type(e).__name__
+
+
+class RankActor:
+    """One worker rank on whatever node Ray placed its bundle: ``join``, then commands, then ``stop``."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        addr: str,
+        port: int,
+        backend: str,
+        make_model: ModelFactory,
+        config: dict[str, Any],
+    ) -> None:
+        self.args = (rank, world, addr, port, backend, make_model, config)
+        self.trainer: Any = None
+
+    def join(self) -> tuple[str, str]:
+        """Join rank 0's group (collective with its ``Trainer``); answers with the address this
+        node reaches rank 0 from (which node Ray placed the rank on)."""
+        rank, world, addr, port = self.args[:4]
+        own = route_address(addr)
+        bind_gloo(own)
+        rank_env(rank, world, addr, port, local_rank=0)  # Ray gives each actor its own GPU as cuda:0
+        self.trainer = start_rank(*self.args)
+        return ("ok", own)
+
+    def run(self, cmd: str, arg: Any) -> tuple[str, str]:
+        return answer(self.trainer, cmd, arg)
+
+    def stop(self) -> None:
+        leave_group()
+
+
+class RayWorkers:
+    """The actors and their placement group, behind ``ranks.Workers``' face."""
+
+    kind = "ray"
+
+    def __init__(
+        self,
+        placement: RayPlacement,
+        world: int,
+        addr: str,
+        port: int,
+        backend: str,
+        make_model: ModelFactory,
+        config: dict[str, Any],
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpu = {"GPU": 1} if backend == "nccl" else {}
+        bundles = [{"CPU": placement.cpus_per_rank, **gpu} for _ in range(world - 1)]
+        self.group = placement_group(bundles, strategy=placement.strategy)
+        self.actors: list[Any] = []
+        self._pending: list[tuple[int, Any]] = []
+        if not self.group.wait(timeout_seconds=placement.timeout_s):
+            self.stop()
+            raise TrainError(
+                f"Ray could not reserve {world - 1} trainer rank bundle(s) {bundles[0]} "
+                f"({placement.strategy}) within {placement.timeout_s:.0f} s: see `ray status`"
+            )
+        remote = ray.remote(RankActor)
+        for rank in range(1, world):
+            where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank - 1)
+            options = dict(num_cpus=placement.cpus_per_rank, num_gpus=len(gpu), max_restarts=0)
+            actor = remote.options(scheduling_strategy=where, **options).remote(
+                rank, world, addr, port, backend, make_model, config
+            )
+            self.actors.append(actor)
+        self._pending = [(rank, a.join.remote()) for rank, a in enumerate(self.actors, start=1)]
+        self.nodes: set[str] = set()  # the addresses the workers joined from (their nodes)
+
+    def send(self, cmd: str, arg: Any) -> None:
+        self._pending = [(rank, a.run.remote(cmd, arg)) for rank, a in enumerate(self.actors, start=1)]
+
+    def _get(self, rank: int, ref: Any) -> tuple[str, str]:
+        import ray
+
+        try:
+            return tuple(ray.get(ref))  # type: ignore[return-value]
+        except ray.exceptions.RayError as e:
+            raise TrainError(
+                f"trainer rank {rank} (a Ray actor) failed or is lost ({_why(e)}): the run stops; "
+                "continue it from its last checkpoint with `rollyard train --resume RUN_DIR`"
+            ) from None
+
+    def answers(self) -> list[tuple[str, str]]:
+        pending, self._pending = self._pending, []
+        out = [self._get(rank, ref) for rank, ref in pending]
+        if not self.nodes:  # the first answers are the joins: which node each rank runs on
+            self.nodes = {node for status, node in out if status == "ok"}
+            log.info("trainer rank actors joined nodes=%s", sorted(self.nodes))
+        return out
+
+    def check(self, timeout_s: float) -> None:
+        import ray
+
+        refs = [ref for _, ref in self._pending]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for rank, ref in self._pending:
+            if ref in done:
+                self._get(rank, ref)
+
+    def stop(self) -> None:
+        """The actors leave the group with rank 0, are killed, and the placement group removed."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        refs = [a.stop.remote() for a in self.actors]
+        if refs:
+            leave_group()
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.wait(refs, num_returns=len(refs), timeout=STOP_S)
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already gone with its node
+                ray.kill(a)
+        self.actors = []
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.group)

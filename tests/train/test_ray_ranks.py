@@ -1,0 +1,99 @@
+"""Trainer ranks through a Ray placement group (``trainer.placement: ray``) on a local cluster:
+rank 1 is an actor in one placement group, the ranks meet at this node's routable address,
+train the single trainer's step, and a lost rank actor stops the step with a TrainError."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from test_ranks import _assert_same, _samples, _weights
+
+from rollyard.core.errors import TrainError
+from rollyard.rollout.orchestrator import load_policy
+from rollyard.train.ranks import RankGroup, RayPlacement
+from rollyard.train.trainer import TrainConfig, Trainer
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A private two-CPU cluster, its session in a short temp dir (Ray's socket path limit)."""
+    tmp = tempfile.mkdtemp(prefix="ryray-", dir="/tmp")
+    ray.init(num_cpus=2, _temp_dir=tmp, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _groups() -> list[dict]:
+    return list(ray.util.placement_group_table().values())
+
+
+@pytest.mark.parametrize("kind", ["fsdp2", "replicate"])
+def test_rank_actor_in_a_placement_group_trains_the_single_trainers_step(
+    local_ray: None, tiny_model_dir: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="rollyard.train.ranks")
+    cfg = TrainConfig(lr=1e-3, parallel={"kind": kind})
+    make = functools.partial(load_policy, tiny_model_dir)  # importable on the actor's side
+    group = RankGroup(make, cfg, world=2, ray=RayPlacement(cpus_per_rank=1))
+    try:
+        assert group.placement == "ray"
+        (pg,) = [g for g in _groups() if g["state"] == "CREATED"]  # one group, one bundle for rank 1
+        assert list(pg["bundles"].values()) == [{"CPU": 1.0}] and pg["strategy"] == "PACK"
+        # rank 0 published its node's address as the rendezvous, not loopback
+        rendezvous = caplog.text.split("rendezvous=", 1)[1].split(":", 1)[0]
+        assert rendezvous == ray.util.get_node_ip_address() and not rendezvous.startswith("127.")
+        before = _weights(group.model)
+        metrics = group.train_step(_samples())
+        assert metrics["ranks"] == 2 and metrics["ranks_on_ray"] == 1.0
+        assert metrics["grad_norm"] > 0
+        # replicas compare checksums with rank 0 after every step (a mismatch raises)
+        assert metrics.get("ranks_in_sync") == (1.0 if kind == "replicate" else None)
+        ranked = _weights(group.model)
+    finally:
+        group.close()
+    assert all(g["state"] == "REMOVED" for g in _groups())
+    single = Trainer(make(), cfg)
+    single.train_step(_samples())
+    _assert_same(ranked, _weights(single.model), atol=2e-5)  # as tests/train/test_ranks.py
+    moved = max(float((v - before[k]).abs().max()) for k, v in ranked.items())
+    assert moved > 5e-4
+
+
+def test_a_lost_rank_actor_fails_the_step_with_a_train_error(local_ray: None, tiny_model_dir: Path) -> None:
+    make = functools.partial(load_policy, tiny_model_dir)  # importable on the actor's side
+    group = RankGroup(make, TrainConfig(lr=1e-3), world=2, ray=RayPlacement(cpus_per_rank=1))
+    try:
+        group.train_step(_samples())
+        ray.kill(group._workers.actors[0])  # type: ignore[attr-defined]
+        with pytest.raises(TrainError, match=r"trainer rank 1 .*lost.*--resume"):
+            group.train_step(_samples(1))
+    finally:
+        group.close()
+    assert all(g["state"] == "REMOVED" for g in _groups())
+    assert not torch.distributed.is_initialized()  # rank 0 left the broken group too
+
+
+def test_a_rank_actor_that_cannot_start_fails_the_start_instead_of_hanging(
+    local_ray: None, tiny_model_dir: Path
+) -> None:
+    """The actor's node lacks the code of the model factory (here: a test module Ray's workers
+    cannot import): its join fails before the rendezvous, and rank 0 says so instead of waiting."""
+    from test_ranks import tiny_policy
+
+    make = functools.partial(tiny_policy, tiny_model_dir)
+    with pytest.raises(TrainError, match=r"trainer rank 1 .*test_ranks"):
+        RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
+    assert all(g["state"] == "REMOVED" for g in _groups())
+    assert not torch.distributed.is_initialized()
