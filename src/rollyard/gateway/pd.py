@@ -6,8 +6,10 @@ The request then runs as usual on the decode engine the scheduler picks, whose c
 those blocks by their hashes instead of computing them (a store-based pool needs no transfer
 parameters between the two calls). Later turns extend a context their decode engine holds, so
 they skip this stage. Prefill engines are known to the scheduler (health, fences) but never hold
-a program (``EngineView.role``). A prefill that fails is logged and skipped: the decode engine
-computes the prompt itself.
+a program (``EngineView.role``). A prefill that fails on the engine's side (unreachable, a 5xx, an
+unreadable answer) is logged, counted (``pd_prefill_failures``) and skipped: the decode engine
+computes the prompt itself. A client error (a 4xx: the prompt itself is refused) is raised, since
+the decode engine would refuse it too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from rollyard.core.errors import EngineUnavailable
+from rollyard.core.errors import RollyardError
 from rollyard.core.sampling import SamplingParams
 from rollyard.gateway.pool import EnginePool
 
@@ -46,8 +48,12 @@ class PrefillStage:
         started = self.pool.scheduler.clock.now()
         try:
             await self.pool.backends[name].generate(prompt_ids, params.model_copy(update={"max_tokens": 1}))
-        except EngineUnavailable as e:
-            log.warning("prefill skipped engine=%s reason=%s", name, e.message[:200])
+        except Exception as e:  # not CancelledError (a BaseException): a cancelled turn stops here
+            if isinstance(e, RollyardError) and e.http_status < 500:
+                raise  # the request itself is refused: the decode engine would refuse it too
+            log.warning("prefill skipped engine=%s reason=%s: %s", name, type(e).__name__, str(e)[:200])
+            self.pool.metrics.pd_prefill_failures.labels(name).inc()
+            self.pool.counts["pd_prefill_failures"] += 1
             return None
         finally:
             self._busy[name] -= 1

@@ -48,7 +48,13 @@ class EnginePool:
         self._hooks: list[Callable[[Pause | Restore], None]] = []
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
         self.counts: Counter[str] = Counter(
-            pauses=0, restores=0, moves=0, pool_restores=0, pool_moves=0, pd_prefills=0
+            pauses=0,
+            restores=0,
+            moves=0,
+            pool_restores=0,
+            pool_moves=0,
+            pd_prefills=0,
+            pd_prefill_failures=0,
         )
         for name in self.backends:
             scheduler.add_engine(name, shared_capacity(capacity, share), role=(roles or {}).get(name, "both"))
