@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from tests.gateway.conftest import ADMIN, ScriptedBackend, new_program
 
+from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.rollout.config import Config
@@ -52,15 +53,27 @@ def test_a_long_first_prompt_is_prefilled_on_the_prefill_engine_then_decoded_els
 
 
 def test_a_failed_prefill_leaves_the_prompt_to_the_decode_engine(tok: FastTokenizer, tmp_path: Path) -> None:
+    """A healthy prefill engine whose call fails (unreachable, then a 5xx): the turn is served by
+    the decode engine and the failures are counted; a client error from it reaches the client."""
     pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
-    pre.down = True
+    pre.errors = [EngineUnavailable("pre dropped the connection"), EngineError("pre returned 500")]
     gw = build_gateway(
         {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
-        roles={"pre": "prefill", "dec": "both"}, pd_min_prompt_tokens=10,
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
     )  # fmt: skip
     with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
-        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
-    assert len(dec.prompts) == 1 and gw.pool.counts["pd_prefills"] == 0
+        for _ in range(2):
+            chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
+        assert not pre.errors and pre.prompts == []  # both scripted failures were met, none ran
+        assert len(dec.prompts) == 2 and dec.params[0].max_tokens > 1
+        assert gw.pool.counts["pd_prefills"] == 0 and gw.pool.counts["pd_prefill_failures"] == 2
+        text = client.get("/metrics", headers={"x-api-key": ADMIN}).text
+        assert 'rollyard_gateway_pd_prefill_failures_total{engine="pre"} 2.0' in text
+        pre.errors = [InvalidRequest("the engine refused this prompt")]
+        key = str(new_program(client)["api_key"])
+        body = {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}
+        r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 400 and len(dec.prompts) == 2  # not sent on to the decode engine
 
 
 def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> None:
