@@ -89,9 +89,10 @@ def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> N
     for engine, why in bad:
         with pytest.raises(ValidationError, match=why):
             Config.model_validate({"model": {"path": "m"}, "engine": engine})
-    local = KVPoolConfig(kind="local", root="/dev/shm/x")
-    roles = {r: local.transfer_config(role=r)["kv_role"] for r in ("both", "prefill", "decode")}  # type: ignore[index]
-    assert roles == {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
+    for kind in ("local", "mooncake", "lmcache"):  # store-based: a decode engine saves its own blocks too
+        pool_cfg = KVPoolConfig(kind=kind)
+        roles = {r: pool_cfg.transfer_config(role=r)["kv_role"] for r in ("both", "prefill", "decode")}  # type: ignore[index]
+        assert roles == {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_both"}, kind
 
 
 @pytest.mark.parametrize(

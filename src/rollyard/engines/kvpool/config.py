@@ -26,7 +26,12 @@ CONNECTORS = {
 }
 DEFAULT_ROOT = "/dev/shm/rollyard-kv-pool"
 Role = Literal["both", "prefill", "decode"]  # ``engine.role``: what an engine does in prefill/decode split
-KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}  # vLLM's kv_role
+# vLLM's kv_role per engine.role. Every pool here is a store (blocks found by hash), so a decode
+# engine must also save: its later turns' new blocks (tool output, generated text) serve the next
+# turn on any engine, and the scheduler prices moves and restores as pool loads. Mooncake's store
+# skips every save of a kv_consumer's computed prompt (skip_save=is_consumer, vllm 0.32), so
+# decode is kv_both; prefill stays kv_producer (it only ever stores).
+KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_both"}
 # Bytes/s a context loads from each pool, for the scheduler's cost of a move or restore when
 # ``load_bytes_per_s`` is not set (docs/kv-pool.md, "The scheduler"). local: measured, 256 KiB
 # tiny-model blocks read from /dev/shm and copied into a paged cache, 0.30 ms each (0.88 GB/s, load
