@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from tests.gateway.conftest import ADMIN, ScriptedBackend, new_program
 
-from rollyard.core.errors import EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.errors import ConfigError, EngineError, EngineUnavailable, InvalidRequest
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.rollout.config import Config
@@ -76,6 +76,22 @@ def test_a_failed_prefill_leaves_the_prompt_to_the_decode_engine(tok: FastTokeni
         assert r.status_code == 400 and len(dec.prompts) == 2  # not sent on to the decode engine
 
 
+def test_a_prompt_within_one_kv_block_is_not_prefilled(tok: FastTokenizer, tmp_path: Path) -> None:
+    """Over pd_min_prompt_tokens but with no full block before its last token: nothing the decode
+    engine could load, so no prefill engine's time is spent on it."""
+    pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=2,
+    )  # fmt: skip
+    assert gw.pd is not None and gw.pd.block_size == 64
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": "hi"}])
+        assert 2 <= len(dec.prompts[0]) <= 64 and pre.prompts == []
+        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
+        assert len(pre.prompts) == 1 and len(pre.prompts[0]) > 65  # one full block: prefilled
+
+
 def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> None:
     pool = {"kind": "local"}
     ok = Config.model_validate({"model": {"path": "m"}, "engine": {"count": 2, "role": ["prefill", "decode"],
@@ -102,7 +118,6 @@ def test_engine_serve_refuses_a_bad_role_before_starting(args: list[str], why: s
     from typer.testing import CliRunner
 
     from rollyard.cli import _register, app
-    from rollyard.core.errors import ConfigError
 
     _register()
     res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), *args])

@@ -19,6 +19,7 @@ from collections import Counter
 
 from rollyard.core.errors import RollyardError
 from rollyard.core.sampling import SamplingParams
+from rollyard.engines.launcher import DEFAULT_BLOCK_SIZE
 from rollyard.gateway.pool import EnginePool
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,18 @@ __all__ = ["PrefillStage"]
 
 
 class PrefillStage:
-    def __init__(self, pool: EnginePool, min_prompt_tokens: int) -> None:
+    def __init__(self, pool: EnginePool, min_prompt_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE):
         self.pool = pool
         self.min_prompt_tokens = min_prompt_tokens
+        self.block_size = block_size  # the engines' KV block: the pool stores full blocks only
         self.names = [n for n, e in pool.scheduler.state.engines.items() if e.role == "prefill"]
         self._busy: Counter[str] = Counter()  # prefills in flight per engine
 
     def applies(self, first_turn: bool, prompt_tokens: int) -> bool:
-        return bool(self.names) and first_turn and prompt_tokens >= self.min_prompt_tokens
+        """A first prompt long enough, with a full block the decode engine can load: it computes
+        the last prompt token itself, so ``(n - 1) // block_size`` blocks come from the pool."""
+        loadable = (prompt_tokens - 1) // self.block_size
+        return bool(self.names) and first_turn and prompt_tokens >= self.min_prompt_tokens and loadable > 0
 
     async def prefill(self, prompt_ids: list[int], params: SamplingParams) -> str | None:
         """Compute the prompt on the least busy healthy prefill engine; returns its name (None:
