@@ -92,6 +92,36 @@ def test_a_prompt_within_one_kv_block_is_not_prefilled(tok: FastTokenizer, tmp_p
         assert len(pre.prompts) == 1 and len(pre.prompts[0]) > 65  # one full block: prefilled
 
 
+def test_no_prefill_runs_while_no_decode_engine_is_healthy(tok: FastTokenizer, tmp_path: Path) -> None:
+    pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    dec.down = True
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
+    )  # fmt: skip
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        key = str(new_program(client)["api_key"])
+        body = {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}
+        r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 503 and pre.prompts == [] and dec.prompts == []
+
+
+@pytest.mark.parametrize(
+    ("roles", "why"),
+    [
+        ({"pre": "prefil", "dec": "decode"}, "role 'prefil' is not one of"),
+        ({"pre": "prefill", "engine9": "decode"}, "'engine9', which is not an engine"),
+        ({"pre": "prefill", "dec": "prefill"}, "at least one engine must decode"),
+    ],
+)
+def test_the_gateway_refuses_bad_roles(
+    roles: dict[str, str], why: str, tok: FastTokenizer, tmp_path: Path
+) -> None:
+    backends = {"pre": ScriptedBackend(tok, "pre"), "dec": ScriptedBackend(tok, "dec")}
+    with pytest.raises(ConfigError, match=why):
+        build_gateway(backends, tok, tmp_path / "j.db", ADMIN, "tiny", roles=roles)
+
+
 def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> None:
     pool = {"kind": "local"}
     ok = Config.model_validate({"model": {"path": "m"}, "engine": {"count": 2, "role": ["prefill", "decode"],

@@ -46,8 +46,8 @@ class PrefillStage:
         none ran it)."""
         engines = self.pool.scheduler.state.engines
         up = [n for n in self.names if engines[n].healthy]
-        if not up:
-            return None
+        if not up or not self.pool.scheduler.healthy_engines():  # no decode engine: the turn fails
+            return None  # there, without a prefill engine's time spent on it first
         name = min(up, key=lambda n: (self._busy[n], n))
         self._busy[name] += 1
         started = self.pool.scheduler.clock.now()
