@@ -4,6 +4,7 @@ short prompts skip the prefill engine, which never holds a program; and the conf
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from pydantic import ValidationError
 from tests.gateway.conftest import ADMIN, ScriptedBackend, new_program
 
 from rollyard.core.errors import ConfigError, EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.sampling import SamplingParams
+from rollyard.engines.base import Completion
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.rollout.config import Config
@@ -74,6 +77,36 @@ def test_a_failed_prefill_leaves_the_prompt_to_the_decode_engine(tok: FastTokeni
         body = {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}
         r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 400 and len(dec.prompts) == 2  # not sent on to the decode engine
+
+
+class SlowBackend(ScriptedBackend):
+    """A prefill engine that takes ``delay_s`` before answering (or raising its scripted error)."""
+
+    delay_s = 1.0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(prompt_ids, params)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_only_a_prefill_that_ran_counts_as_engine_time(
+    fails: bool, tok: FastTokenizer, tmp_path: Path
+) -> None:
+    """The gateway's overhead (total minus engine time) excludes a prefill that ran, and includes
+    the time a failed one took: that second served nobody."""
+    pre, dec = SlowBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    pre.errors = [EngineError("pre returned 500")] if fails else []
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
+    )  # fmt: skip
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
+    overhead = gw.metrics.overhead.collect()[0].samples
+    total = next(x.value for x in overhead if x.name.endswith("_sum"))
+    assert gw.pool.counts["pd_prefill_failures"] == int(fails)
+    assert (total >= pre.delay_s) if fails else (total < pre.delay_s)
 
 
 def test_a_prompt_within_one_kv_block_is_not_prefilled(tok: FastTokenizer, tmp_path: Path) -> None:
