@@ -90,7 +90,7 @@ def sources(url: str) -> dict[str, int]:
 def test_a_program_on_a_busy_engine_moves_to_an_idle_one_and_loads_its_context(
     engines: list[str], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    rate = KVPoolConfig(kind="local").load_tok_s(kv_bytes_per_token(tiny_model_dir))
+    rate = KVPoolConfig(kind="local").load_tok_s(kv_bytes_per_token(tiny_model_dir, "float32"))
     gw = build_gateway(
         {f"e{i}": VLLMBackend(u, name=f"e{i}") for i, u in enumerate(engines)},
         FastTokenizer(tiny_model_dir), tmp_path / "journal.db", ADMIN, "tiny",

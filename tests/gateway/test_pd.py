@@ -4,6 +4,7 @@ short prompts skip the prefill engine, which never holds a program; and the conf
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from tests.gateway.conftest import ADMIN, ScriptedBackend, new_program
 
+from rollyard.core.errors import ConfigError, EngineError, EngineUnavailable, InvalidRequest
+from rollyard.core.sampling import SamplingParams
+from rollyard.engines.base import Completion
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.gateway import FastTokenizer, build_gateway, create_app
 from rollyard.rollout.config import Config
@@ -52,15 +56,103 @@ def test_a_long_first_prompt_is_prefilled_on_the_prefill_engine_then_decoded_els
 
 
 def test_a_failed_prefill_leaves_the_prompt_to_the_decode_engine(tok: FastTokenizer, tmp_path: Path) -> None:
+    """A healthy prefill engine whose call fails (unreachable, then a 5xx): the turn is served by
+    the decode engine and the failures are counted; a client error from it reaches the client."""
     pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
-    pre.down = True
+    pre.errors = [EngineUnavailable("pre dropped the connection"), EngineError("pre returned 500")]
     gw = build_gateway(
         {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
-        roles={"pre": "prefill", "dec": "both"}, pd_min_prompt_tokens=10,
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
+    )  # fmt: skip
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        for _ in range(2):
+            chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
+        assert not pre.errors and pre.prompts == []  # both scripted failures were met, none ran
+        assert len(dec.prompts) == 2 and dec.params[0].max_tokens > 1
+        assert gw.pool.counts["pd_prefills"] == 0 and gw.pool.counts["pd_prefill_failures"] == 2
+        text = client.get("/metrics", headers={"x-api-key": ADMIN}).text
+        assert 'rollyard_gateway_pd_prefill_failures_total{engine="pre"} 2.0' in text
+        pre.errors = [InvalidRequest("the engine refused this prompt")]
+        key = str(new_program(client)["api_key"])
+        body = {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}
+        r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 400 and len(dec.prompts) == 2  # not sent on to the decode engine
+
+
+class SlowBackend(ScriptedBackend):
+    """A prefill engine that takes ``delay_s`` before answering (or raising its scripted error)."""
+
+    delay_s = 1.0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        await asyncio.sleep(self.delay_s)
+        return await super().generate(prompt_ids, params)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_only_a_prefill_that_ran_counts_as_engine_time(
+    fails: bool, tok: FastTokenizer, tmp_path: Path
+) -> None:
+    """The gateway's overhead (total minus engine time) excludes a prefill that ran, and includes
+    the time a failed one took: that second served nobody."""
+    pre, dec = SlowBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    pre.errors = [EngineError("pre returned 500")] if fails else []
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
     )  # fmt: skip
     with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
         chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
-    assert len(dec.prompts) == 1 and gw.pool.counts["pd_prefills"] == 0
+    overhead = gw.metrics.overhead.collect()[0].samples
+    total = next(x.value for x in overhead if x.name.endswith("_sum"))
+    assert gw.pool.counts["pd_prefill_failures"] == int(fails)
+    assert (total >= pre.delay_s) if fails else (total < pre.delay_s)
+
+
+def test_a_prompt_within_one_kv_block_is_not_prefilled(tok: FastTokenizer, tmp_path: Path) -> None:
+    """Over pd_min_prompt_tokens but with no full block before its last token: nothing the decode
+    engine could load, so no prefill engine's time is spent on it."""
+    pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=2,
+    )  # fmt: skip
+    assert gw.pd is not None and gw.pd.block_size == 64
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": "hi"}])
+        assert 2 <= len(dec.prompts[0]) <= 64 and pre.prompts == []
+        chat(client, str(new_program(client)["api_key"]), [{"role": "user", "content": LONG}])
+        assert len(pre.prompts) == 1 and len(pre.prompts[0]) > 65  # one full block: prefilled
+
+
+def test_no_prefill_runs_while_no_decode_engine_is_healthy(tok: FastTokenizer, tmp_path: Path) -> None:
+    pre, dec = ScriptedBackend(tok, "pre"), ScriptedBackend(tok, "dec")
+    dec.down = True
+    gw = build_gateway(
+        {"pre": pre, "dec": dec}, tok, tmp_path / "j.db", ADMIN, "tiny",
+        roles={"pre": "prefill", "dec": "decode"}, pd_min_prompt_tokens=10,
+    )  # fmt: skip
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as client:
+        key = str(new_program(client)["api_key"])
+        body = {"model": "tiny", "messages": [{"role": "user", "content": LONG}]}
+        r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 503 and pre.prompts == [] and dec.prompts == []
+
+
+@pytest.mark.parametrize(
+    ("roles", "why"),
+    [
+        ({"pre": "prefil", "dec": "decode"}, "role 'prefil' is not one of"),
+        ({"pre": "prefill", "engine9": "decode"}, "'engine9', which is not an engine"),
+        ({"pre": "prefill", "dec": "prefill"}, "at least one engine must decode"),
+    ],
+)
+def test_the_gateway_refuses_bad_roles(
+    roles: dict[str, str], why: str, tok: FastTokenizer, tmp_path: Path
+) -> None:
+    backends = {"pre": ScriptedBackend(tok, "pre"), "dec": ScriptedBackend(tok, "dec")}
+    with pytest.raises(ConfigError, match=why):
+        build_gateway(backends, tok, tmp_path / "j.db", ADMIN, "tiny", roles=roles)
 
 
 def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> None:
@@ -76,9 +168,10 @@ def test_roles_need_a_pool_and_a_decoding_engine_and_map_to_vllms_kv_role() -> N
     for engine, why in bad:
         with pytest.raises(ValidationError, match=why):
             Config.model_validate({"model": {"path": "m"}, "engine": engine})
-    local = KVPoolConfig(kind="local", root="/dev/shm/x")
-    roles = {r: local.transfer_config(role=r)["kv_role"] for r in ("both", "prefill", "decode")}  # type: ignore[index]
-    assert roles == {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
+    for kind in ("local", "mooncake", "lmcache"):  # store-based: a decode engine saves its own blocks too
+        pool_cfg = KVPoolConfig(kind=kind)
+        roles = {r: pool_cfg.transfer_config(role=r)["kv_role"] for r in ("both", "prefill", "decode")}  # type: ignore[index]
+        assert roles == {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_both"}, kind
 
 
 @pytest.mark.parametrize(
@@ -88,7 +181,6 @@ def test_engine_serve_refuses_a_bad_role_before_starting(args: list[str], why: s
     from typer.testing import CliRunner
 
     from rollyard.cli import _register, app
-    from rollyard.core.errors import ConfigError
 
     _register()
     res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), *args])

@@ -1,5 +1,5 @@
 """Prefill/decode roles on real engines: a tiny-model prefill engine (kv_producer) and a decode
-engine (kv_consumer) share ``engine.kv_pool: {kind: local}``. A program's long first prompt is
+engine (kv_both) share ``engine.kv_pool: {kind: local}``. A program's long first prompt is
 computed on the prefill engine, and the decode engine loads its full blocks from the pool (the
 engines' own prompt-token counters); at T=0 the answer equals the colocated one."""
 
@@ -45,7 +45,7 @@ def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         if not all(s.alive() for s in servers):
             pytest.fail(f"an engine did not start (logs in {tmp})")
         assert '"kv_role": "kv_producer"' in " ".join(servers[0].command())
-        assert '"kv_role": "kv_consumer"' in " ".join(servers[1].command())
+        assert '"kv_role": "kv_both"' in " ".join(servers[1].command())
         yield [s.url for s in servers]
     finally:
         for s in servers:

@@ -128,17 +128,50 @@ def test_the_seer_router_charges_the_same_cost() -> None:
         make_policy("rollyard", pool_load_tok_s=-1)
 
 
+TINY = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256}
+
+
 def test_the_pool_rate_comes_from_the_pools_kind_and_the_models_kv_size(tmp_path: Path) -> None:
-    cfg = {"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "hidden_size": 256, "torch_dtype": "float32"}  # fmt: skip
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert kv_bytes_per_token(tmp_path) == 4096  # the tiny model: 256 KiB per 64-token block
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "torch_dtype": "bfloat16"}))
+    # the engine's dtype, not the checkpoint's: float32 on CPU (256 KiB per 64-token block)
+    assert kv_bytes_per_token(tmp_path, "float32") == 4096
+    assert kv_bytes_per_token(tmp_path, "bfloat16") == 2048
     assert KVPoolConfig().load_tok_s(4096) == 0.0
     assert KVPoolConfig(kind="local").load_tok_s(4096) == LOAD_BYTES_PER_S["local"] / 4096
     assert KVPoolConfig(kind="local", load_bytes_per_s=4096e3).load_tok_s(4096) == 1000.0
+    with pytest.raises(ConfigError, match="dtype 'int3'"):
+        kv_bytes_per_token(tmp_path, "int3")
+
+
+def test_a_multimodal_configs_sizes_are_read_from_its_text_config(tmp_path: Path) -> None:
+    vision = {"num_hidden_layers": 32, "num_attention_heads": 16, "hidden_size": 1280}
+    cfg = {"vision_config": vision, "text_config": TINY, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert kv_bytes_per_token(tmp_path, "float32") == 4096
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_runs_pool_rate_uses_the_engines_serving_dtype(
+    dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**TINY, "torch_dtype": "float16"}))
+    monkeypatch.setattr("rollyard.rollout.gateway_proc.serving_dtype", lambda: dtype)
     run = Config.model_validate({"model": {"path": "m"}, "engine": {"kv_pool": {"kind": "local"}}})
-    assert pool_options(run, tmp_path) == {"pool_load_tok_s": round(LOAD_BYTES_PER_S["local"] / 4096, 1)}
+    size = {"float32": 4096, "bfloat16": 2048}[dtype]
+    assert pool_options(run, tmp_path) == {"pool_load_tok_s": round(LOAD_BYTES_PER_S["local"] / size, 1)}
     assert pool_options(Config.model_validate({"model": {"path": "m"}}), tmp_path) == {}
-    (tmp_path / "config.json").write_text("{}")
+
+
+@pytest.mark.parametrize("text", ["{}", "not json", '{"text_config": 3}'])
+def test_an_unreadable_model_config_leaves_the_run_without_a_pool_cost(
+    text: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cost estimate never stops a run: the scheduler prices moves as re-prefills (rate 0)."""
+    (tmp_path / "config.json").write_text(text)
     with pytest.raises(ConfigError, match="KV size"):
-        kv_bytes_per_token(tmp_path)
+        kv_bytes_per_token(tmp_path, "float32")
+    run = Config.model_validate({"model": {"path": "m"}, "engine": {"kv_pool": {"kind": "local"}}})
+    with caplog.at_level("WARNING", logger="rollyard.rollout.gateway_proc"):
+        assert pool_options(run, tmp_path) == {}
+    assert "KV size per token" in caplog.text
+    assert pool_options(run, tmp_path / "missing") == {}

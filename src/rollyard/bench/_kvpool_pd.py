@@ -1,7 +1,7 @@
 """``rollyard bench kvpool``'s ``pd`` phase: long-prompt programs with split prefill/decode roles
 against colocated, on one pair of engines sharing ``engine.kv_pool: {kind: local}``.
 
-The pair starts as a prefill engine (``kv_producer``) and a decode engine (``kv_consumer``).
+The pair starts as a prefill engine (``kv_producer``) and a decode engine (``kv_both``).
 Split: each program's prompt runs on the prefill engine with ``max_tokens`` 1 (what the gateway's
 ``PrefillStage`` sends), then streams from the decode engine, which loads the prompt's blocks
 from the pool. Colocated: fresh prompts of the same size, each streamed whole from one of the two

@@ -83,6 +83,12 @@ def has_cuda_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
 
 
+def serving_dtype() -> str:
+    """The dtype an engine serves in when none is given: bfloat16 on CUDA, float32 on CPU; its KV
+    cache takes the same dtype (what the pool's load cost is priced in)."""
+    return "bfloat16" if has_cuda_gpu() else "float32"
+
+
 class EngineProcess(Protocol):
     """What a run starts, health-checks and restarts: a ``VLLMServer`` here, or one on a Ray
     node (``rollout.ray_engines.RayEngine``)."""
@@ -140,7 +146,7 @@ class VLLMServer:
         self.host = host
         self.port = port
         self.kv_tokens = kv_tokens
-        self.dtype = dtype or ("bfloat16" if has_cuda_gpu() else "float32")
+        self.dtype = dtype or serving_dtype()
         self.tensor_parallel_size = tensor_parallel_size
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len

@@ -56,6 +56,12 @@ class GatewayMetrics:
             ["engine"],
             registry=r,
         )
+        self.pd_prefill_failures = Counter(
+            "rollyard_gateway_pd_prefill_failures",
+            "Prefills that failed on the prefill engine; the decode engine computed the prompt",
+            ["engine"],
+            registry=r,
+        )
         self.pd_prefill_s = Histogram(
             "rollyard_gateway_pd_prefill_seconds",
             "Seconds a prefill engine took for a first prompt",

@@ -12,8 +12,9 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from rollyard.core.errors import EngineUnavailable
+from rollyard.core.errors import ConfigError, EngineUnavailable
 from rollyard.engines.base import Backend, EngineStats
+from rollyard.engines.kvpool.config import KV_ROLES
 from rollyard.gateway.metrics import GatewayMetrics
 from rollyard.gateway.shards import shared_capacity
 from rollyard.sched import KvBudget, Move, Pause, Restore, Scheduler, Start
@@ -21,6 +22,18 @@ from rollyard.sched import KvBudget, Move, Pause, Restore, Scheduler, Start
 _ACTIVE = KvBudget(buffer_tokens=0)  # per-engine active context tokens, for /metrics
 
 log = logging.getLogger(__name__)
+
+
+def check_roles(roles: Mapping[str, str], engines: Mapping[str, object]) -> dict[str, str]:
+    """``engine.role`` per engine, checked: a typo would otherwise make the engine ``both``."""
+    for name, role in roles.items():
+        if name not in engines:
+            raise ConfigError(f"a role for {name!r}, which is not an engine (engines: {sorted(engines)})")
+        if role not in KV_ROLES:
+            raise ConfigError(f"engine {name!r}: role {role!r} is not one of {sorted(KV_ROLES)}")
+    if all(roles.get(n) == "prefill" for n in engines):
+        raise ConfigError("every engine has role prefill: at least one engine must decode")
+    return dict(roles)
 
 
 class EnginePool:
@@ -48,10 +61,17 @@ class EnginePool:
         self._hooks: list[Callable[[Pause | Restore], None]] = []
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
         self.counts: Counter[str] = Counter(
-            pauses=0, restores=0, moves=0, pool_restores=0, pool_moves=0, pd_prefills=0
+            pauses=0,
+            restores=0,
+            moves=0,
+            pool_restores=0,
+            pool_moves=0,
+            pd_prefills=0,
+            pd_prefill_failures=0,
         )
+        roles = check_roles(roles or {}, self.backends)
         for name in self.backends:
-            scheduler.add_engine(name, shared_capacity(capacity, share), role=(roles or {}).get(name, "both"))
+            scheduler.add_engine(name, shared_capacity(capacity, share), role=roles.get(name, "both"))
             metrics.engine_up.labels(name).set(1)
 
     @property

@@ -216,11 +216,13 @@ class Gateway:
         )
         streamer = TextStreamer(self.renderer.tok)
         pd_s = 0.0  # engine time on a prefill engine (engine.role), before the decode engine's
-        if self.pd is not None and self.pd.applies(
-            program.id not in self.conversations, len(plan.prompt_ids)
+        first_turn = program.id not in self.conversations
+        if (
+            self.pd is not None
+            and self.pd.applies(first_turn, len(plan.prompt_ids))
+            and await self.pd.prefill(plan.prompt_ids, params) is not None  # decode loads its KV
         ):
-            await self.pd.prefill(plan.prompt_ids, params)  # its decode engine loads the prompt's KV
-            pd_s = self.clock.now() - submitted
+            pd_s = self.clock.now() - submitted  # a skipped prefill's time is the gateway's
 
         def call(ids: list[int], p: SamplingParams, chunk: int, before: int, left_after: int) -> Any:
             return self._generate(program, request, ids, p, streamer, chunk, before, left_after)

@@ -127,7 +127,8 @@ class GatewayConfig(Section):
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
     divided: DividedConfig | None = None  # None: every generation runs in one piece
     # with prefill engines (engine.role), a program's first prompt of at least this many tokens is
-    # prefilled there (max_tokens 1) before a decode engine continues it from the KV pool
+    # prefilled there (max_tokens 1) before a decode engine continues it from the KV pool; a prompt
+    # with no full KV block before its last token is never prefilled (nothing to load)
     pd_min_prompt_tokens: int = Field(default=512, ge=1)
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # body size, /metrics, budgets
 

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import httpx
 
-from rollyard.core.errors import EngineStartError
+from rollyard.core.errors import ConfigError, EngineStartError
 from rollyard.core.net import advertised_url, free_ports
 from rollyard.engines.kvpool.config import kv_bytes_per_token
+from rollyard.engines.launcher import serving_dtype
 from rollyard.gateway.process import DRAIN_S, EngineSpec, GatewayProcessSpec
 from rollyard.gateway.shards import ShardLayout
 from rollyard.rollout.config import Config
@@ -158,7 +159,12 @@ def pool_options(cfg: Config, model_dir: Path) -> dict[str, float]:
     pool = cfg.engine.kv_pool
     if not pool.enabled:
         return {}
-    return {"pool_load_tok_s": round(pool.load_tok_s(kv_bytes_per_token(model_dir)), 1)}
+    try:
+        size = kv_bytes_per_token(model_dir, serving_dtype())
+    except ConfigError as e:  # a cost estimate: the run goes on, pricing moves as re-prefills
+        log.warning("kv_pool: %s; the scheduler assumes no pool (pool_load_tok_s 0)", e.message)
+        return {}
+    return {"pool_load_tok_s": round(pool.load_tok_s(size), 1)}
 
 
 async def start_gateway(

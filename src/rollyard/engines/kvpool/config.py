@@ -26,7 +26,12 @@ CONNECTORS = {
 }
 DEFAULT_ROOT = "/dev/shm/rollyard-kv-pool"
 Role = Literal["both", "prefill", "decode"]  # ``engine.role``: what an engine does in prefill/decode split
-KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}  # vLLM's kv_role
+# vLLM's kv_role per engine.role. Every pool here is a store (blocks found by hash), so a decode
+# engine must also save: its later turns' new blocks (tool output, generated text) serve the next
+# turn on any engine, and the scheduler prices moves and restores as pool loads. Mooncake's store
+# skips every save of a kv_consumer's computed prompt (skip_save=is_consumer, vllm 0.32), so
+# decode is kv_both; prefill stays kv_producer (it only ever stores).
+KV_ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_both"}
 # Bytes/s a context loads from each pool, for the scheduler's cost of a move or restore when
 # ``load_bytes_per_s`` is not set (docs/kv-pool.md, "The scheduler"). local: measured, 256 KiB
 # tiny-model blocks read from /dev/shm and copied into a paged cache, 0.30 ms each (0.88 GB/s, load
@@ -124,17 +129,24 @@ class KVPoolConfig(BaseModel):
         return {"MOONCAKE_CONFIG_PATH": str(path)}
 
 
-def kv_bytes_per_token(model_dir: str | Path) -> int:
-    """KV bytes one token takes in the engine's cache: keys and values of every layer, from the
-    model's ``config.json`` (layers x KV heads x head dim x 2 x dtype bytes)."""
+def kv_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
+    """KV bytes one token takes in the engine's cache: keys and values of every layer (layers x KV
+    heads x head dim x 2 x bytes of ``dtype``, the dtype the engine serves in, not the one the
+    checkpoint was saved in). The sizes come from ``config.json``, or its ``text_config`` where a
+    multimodal model keeps them there."""
     path = Path(model_dir) / "config.json"
+    if dtype not in _DTYPE_BYTES:
+        known = sorted(_DTYPE_BYTES)
+        raise ConfigError(f"cannot tell the KV size per token of dtype {dtype!r} (known: {known})")
     try:
         c = json.loads(path.read_text())
+        text = c.get("text_config")
+        if isinstance(text, dict) and "num_hidden_layers" in text:
+            c = text
         heads = int(c["num_attention_heads"])
         head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
         kv_heads = int(c.get("num_key_value_heads") or heads)
         layers = int(c["num_hidden_layers"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: cannot tell the KV size per token ({e})") from None
-    dtype = str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
-    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 2)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: cannot tell the KV size per token ({type(e).__name__}: {e})") from None
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[dtype]
