@@ -48,7 +48,9 @@ invalid = st.fixed_dictionaries({"role": st.sampled_from(["robot", 5]), "content
 some = st.lists(st.one_of(message, message, message, message, message, invalid), max_size=3)
 scalar = st.one_of(st.integers(-5, 5), st.floats(0, 1), text, st.booleans(), st.none())
 # "\x00": the short path's own key for the new messages, which a client's key must not take
-valid_fields = st.dictionaries(st.sampled_from(["model", "user", "extra", "metadata_x", "\x00"]), text, max_size=3)
+valid_fields = st.dictionaries(
+    st.sampled_from(["model", "user", "extra", "metadata_x", "\x00"]), text, max_size=3
+)
 # any value: some of them invalid for the field (a 400 on both paths)
 fields = st.one_of(
     valid_fields,
