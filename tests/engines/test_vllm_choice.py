@@ -75,7 +75,16 @@ def test_ids_read_from_the_logprobs_tokens_are_the_ids_given(ids: list[int]) -> 
 
 
 @pytest.mark.parametrize(
-    "tokens", [["x"], ["token_id:1", "7"], ["token_id:1token_id:2"], ["token_id:"], ["token_id:1,2"]]
+    "tokens",
+    [
+        ["x"],
+        ["token_id:1", "7"],
+        ["token_id:1token_id:2"],
+        ["token_id:"],
+        ["token_id:1,2"],
+        ["1token_id:"],
+        ["token_id:1", "2token_id:"],
+    ],
 )
 def test_tokens_that_are_not_token_ids_are_refused(tokens: list[str]) -> None:
     with pytest.raises(ValueError):

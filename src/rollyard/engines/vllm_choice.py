@@ -67,12 +67,15 @@ def token_ids(choice: dict[str, Any]) -> list[int]:
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     if not tokens:
         return []
-    # one pass in C: every token holds the prefix once, and what is left are the ids
+    # in C, not a call per token: each token starts with the prefix and holds it once, and
+    # what is left of them are the ids
     text = ",".join(tokens)
-    if text.count(_AS_ID) != len(tokens):
+    n = len(tokens)
+    starts = text.startswith(_AS_ID) and text.count("," + _AS_ID) == n - 1
+    if not starts or text.count(_AS_ID) != n:
         raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
     out = [int(t) for t in text.replace(_AS_ID, "").split(",")]
-    if len(out) != len(tokens):
+    if len(out) != n:
         raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
     return out
 
