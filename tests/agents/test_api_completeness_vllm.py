@@ -154,7 +154,9 @@ async def test_the_engine_is_asked_for_alternatives_only_when_a_client_asks(vllm
         c = await backend.generate([1, 2, 3], SamplingParams(max_tokens=4, top_logprobs=2))
     finally:
         await backend.aclose()
-    assert plain["logprobs"] == 0 and "return_tokens_as_token_ids" not in plain
+    # the ids come as the logprobs' tokens either way: no echo of the prompt's ids
+    assert plain["logprobs"] == 0 and plain["return_tokens_as_token_ids"] is True
+    assert "return_token_ids" not in plain and "return_token_ids" not in asked
     assert asked["logprobs"] == 2 and asked["return_tokens_as_token_ids"] is True
     assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
     assert all(len(row) == 2 and all(isinstance(t, int) for t, _ in row) for row in c.top_logprobs)

@@ -29,3 +29,22 @@ async def test_the_gateway_backend_reads_its_answers_and_refuses_what_it_cannot_
         text = httpx.post(f"{url}/v1/completions", json={"prompt": "text, not ids"}, timeout=10)
         assert text.status_code == 400 and "token-id prompts" in text.json()["error"]["message"]
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+async def test_the_gateway_asks_for_no_prompt_echo_and_reads_the_ids_from_the_tokens() -> None:
+    """With logprobs (every turn the gateway records) the completion's ids come as its tokens
+    (``return_tokens_as_token_ids``): no ``return_token_ids``, so the engine does not send the
+    prompt's ids back; the canned engine answers either way as vLLM does, with the same ids."""
+    with serving(make_app(max_model_len=512)) as url:
+        backend = VLLMBackend(url)
+        try:
+            body = await backend.completion_body(list(range(5, 400)), SamplingParams(max_tokens=8))
+            got = await backend.generate(list(range(5, 400)), SamplingParams(max_tokens=8))
+        finally:
+            await backend.aclose()
+        assert "return_token_ids" not in body and body["return_tokens_as_token_ids"] is True
+        raw = httpx.post(f"{url}/v1/completions", json=body, timeout=10).json()["choices"][0]
+        assert "prompt_token_ids" not in raw and "token_ids" not in raw
+        echoed = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True}, timeout=10)
+        assert echoed.json()["choices"][0]["token_ids"] == got.token_ids
+        assert echoed.json()["choices"][0]["prompt_token_ids"] == list(range(5, 400))

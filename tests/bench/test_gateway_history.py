@@ -39,5 +39,9 @@ async def test_grown_conversations_are_extended_and_reach_the_engine_as_recorded
     assert sizes == sorted(sizes) and sizes[-1] > 3 * 600 * 0.8  # grown by the filler's ~600 tokens a turn
     assert [len(s["turns"]) for s in segments] == [4]
     for turn in segments[0]["turns"]:  # the canned engine's answer is a function of the prompt it got
-        body = {"prompt": turn["prompt_ids"], "max_tokens": len(turn["completion_ids"])}
+        body = {
+            "prompt": turn["prompt_ids"],
+            "max_tokens": len(turn["completion_ids"]),
+            "return_token_ids": True,
+        }
         assert answer(body)["choices"][0]["token_ids"] == turn["completion_ids"]

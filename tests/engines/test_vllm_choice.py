@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollyard.core import EngineError
-from rollyard.engines.vllm_choice import loads, token_logprobs
+from rollyard.engines.vllm_choice import loads, token_ids, token_logprobs
 
 values = st.one_of(
     st.none(), st.floats(), st.integers(-(10**6), 0), st.sampled_from([-math.inf, math.nan, 1e308])
@@ -63,3 +63,29 @@ def test_the_prompt_echo_is_dropped_and_nothing_else_changes(
     read = loads(raw)
     assert read == {**answer, "choices": [{**choice, "prompt_token_ids": None}]}
     assert loads(json.dumps({"choices": [{"text": text}]}).encode()) == {"choices": [{"text": text}]}
+
+
+@given(ids=st.lists(st.integers(0, 300_000), max_size=40))
+def test_ids_read_from_the_logprobs_tokens_are_the_ids_given(ids: list[int]) -> None:
+    """``return_tokens_as_token_ids``' tokens give the ids ``return_token_ids`` would have; the
+    latter win where an engine sends both."""
+    tokens = [f"token_id:{t}" for t in ids]
+    assert token_ids({"logprobs": {"tokens": tokens}}) == ids
+    assert token_ids({"token_ids": ids, "logprobs": {"tokens": ["x"] * len(ids)}}) == ids
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ["x"],
+        ["token_id:1", "7"],
+        ["token_id:1token_id:2"],
+        ["token_id:"],
+        ["token_id:1,2"],
+        ["1token_id:"],
+        ["token_id:1", "2token_id:"],
+    ],
+)
+def test_tokens_that_are_not_token_ids_are_refused(tokens: list[str]) -> None:
+    with pytest.raises(ValueError):
+        token_ids({"logprobs": {"tokens": tokens}})

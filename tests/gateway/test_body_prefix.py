@@ -47,7 +47,10 @@ message = st.one_of(
 invalid = st.fixed_dictionaries({"role": st.sampled_from(["robot", 5]), "content": text})
 some = st.lists(st.one_of(message, message, message, message, message, invalid), max_size=3)
 scalar = st.one_of(st.integers(-5, 5), st.floats(0, 1), text, st.booleans(), st.none())
-valid_fields = st.dictionaries(st.sampled_from(["model", "user", "extra", "metadata_x"]), text, max_size=3)
+# "\x00": the short path's own key for the new messages, which a client's key must not take
+valid_fields = st.dictionaries(
+    st.sampled_from(["model", "user", "extra", "metadata_x", "\x00"]), text, max_size=3
+)
 # any value: some of them invalid for the field (a 400 on both paths)
 fields = st.one_of(
     valid_fields,
@@ -250,3 +253,22 @@ def test_the_short_path_fires_behind_a_real_server(client: TestClient) -> None:
             states.append(gw.conversations[p["id"]])
     assert states[1].segment == states[0].segment
     assert states[1].messages[0] is states[0].messages[0]
+
+
+def test_a_nul_in_a_message_keeps_the_short_path_and_a_nul_key_declines() -> None:
+    """A NUL inside a message's text (random tiny-model output holds some) is no key: the body
+    is still parsed past the prefix; a top-level key that is exactly NUL would take the small
+    document's own key, so that body declines (the full path answers)."""
+    model = ChatCompletionBody
+    first = [{"role": "user", "content": "hi"}]
+    raw = json.dumps({"model": "tiny", "messages": first}).encode()
+    known = remember(raw, model, model.model_validate(strict_json(raw)).messages)
+    assert known is not None
+    grown = [*first, {"role": "assistant", "content": "a\x00b"}, {"role": "user", "content": "\x00!"}]
+    raw2 = json.dumps({"model": "tiny", "messages": grown}).encode()
+    assert b"\\u0000" in raw2
+    got = short(raw2, known, model)
+    assert got is not None and got != "declined_to_full"
+    assert same(got[0], full(raw2, model))
+    keyed = json.dumps({"model": "tiny", "messages": grown, "\x00": "x"}).encode()
+    assert extend(keyed, known, model, 50_000) is None

@@ -28,7 +28,9 @@ from rollyard.core.errors import ConfigError
 
 
 def answer(body: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's non-streamed completion for ``body`` (token-id prompt, ``return_token_ids``)."""
+    """vLLM's non-streamed completion for ``body`` (token-id prompt): the completion's ids as
+    ``token_ids`` with the prompt's echo (``return_token_ids``), its tokens as ``"token_id:N"``
+    (``return_tokens_as_token_ids``) or as text, as vLLM writes them."""
     prompt = body.get("prompt") if isinstance(body, dict) else None
     ok = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
     if not ok:
@@ -37,27 +39,27 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
     rng = random.Random(hash(tuple(prompt)))
     ids = [rng.randrange(100, 900) for _ in range(n)]
     lps = [-round(rng.uniform(0.1, 5.0), 4) for _ in range(n)]
+    as_ids = bool(body.get("return_tokens_as_token_ids"))
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "x" * n,
+        "logprobs": {
+            "text_offset": list(range(n)),
+            "token_logprobs": lps,
+            "tokens": [f"token_id:{t}" for t in ids] if as_ids else ["x"] * n,
+            "top_logprobs": [None] * n,
+        },
+        "finish_reason": "length",
+        "stop_reason": None,
+    }
+    if body.get("return_token_ids"):  # as vLLM: the completion's ids and the prompt's echo
+        choice |= {"token_ids": ids, "prompt_token_ids": prompt}
     return {
         "id": "cmpl-canned",
         "object": "text_completion",
         "created": 0,
         "model": body.get("model", "tiny"),
-        "choices": [
-            {
-                "index": 0,
-                "text": "x" * n,
-                "logprobs": {
-                    "text_offset": list(range(n)),
-                    "token_logprobs": lps,
-                    "tokens": ["x"] * n,
-                    "top_logprobs": [None] * n,
-                },
-                "finish_reason": "length",
-                "stop_reason": None,
-                "token_ids": ids,
-                "prompt_token_ids": prompt,
-            }
-        ],
+        "choices": [choice],
         "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
     }
 
@@ -67,18 +69,22 @@ def stream_events(body: dict[str, Any]) -> list[bytes]:
     last with the finish reason, then one with the usage, then ``[DONE]``."""
     whole = answer(body)
     choice = whole["choices"][0]
-    ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    lps, tokens = choice["logprobs"]["token_logprobs"], choice["logprobs"]["tokens"]
+    ids = choice.get("token_ids")
     head = {k: whole[k] for k in ("id", "object", "created", "model")}
     events = []
-    for i, (t, lp) in enumerate(zip(ids, lps, strict=True)):
-        piece = {
+    for i, (tok, lp) in enumerate(zip(tokens, lps, strict=True)):
+        piece: dict[str, Any] = {
             "index": 0,
             "text": "x",
-            "logprobs": {"text_offset": [i], "token_logprobs": [lp], "tokens": ["x"], "top_logprobs": [None]},
-            "finish_reason": "length" if i == len(ids) - 1 else None,
+            "logprobs": {"text_offset": [i], "token_logprobs": [lp], "tokens": [tok], "top_logprobs": [None]},
+            "finish_reason": "length" if i == len(lps) - 1 else None,
             "stop_reason": None,
-            "token_ids": [t],
         }
+        if ids is not None:  # return_token_ids: each piece's ids, the prompt's echo on the first
+            piece["token_ids"] = [ids[i]]
+            if i == 0:
+                piece["prompt_token_ids"] = choice["prompt_token_ids"]
         events.append({**head, "choices": [piece]})
     events.append({**head, "choices": [], "usage": whole["usage"]})
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]

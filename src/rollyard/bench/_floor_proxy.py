@@ -46,7 +46,9 @@ def make_app(engine_url: str) -> Any:
             return
         body = await read_body(receive)
         if session is None:
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096))
+            # idle connections dropped before the engine's server (uvicorn: 5 s) closes them: one
+            # reused as it closed failed a relayed request (the history levels leave it idle)
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4096, keepalive_timeout=3.0))
         headers = {"content-type": "application/json", **engine_headers()}
         async with session.post(target, data=body, headers=headers) as r:
             kind = r.headers.get("content-type", "application/json").encode()

@@ -2,13 +2,14 @@
 
 Each of ``PROGRAMS`` programs is an agent's conversation: a turn sends the whole history back
 (the assistant messages exactly as the gateway returned them) plus a new user message, as an
-OpenAI client does. The conversations are grown with ~1k-token user messages (tool output) until
-they hold about ``level`` prompt tokens; then the measured turns each add a short message, all
-programs at once, in rounds; ``cpu_ms_per_req`` is the median over rounds of the gateway's
-CPU per turn. The same ids posted to the bare relay give its floor at that length
-(``floor_cpu_ms_per_req``: what moving the bytes costs any Python hop). A gateway whose work
-per turn grows with the history shows it as a growing ``cpu_ms_per_req`` from level to level;
-the goal is a flat one.
+OpenAI client does. A set of conversations per level is grown with ~1k-token user messages
+(tool output) until they hold about ``level`` prompt tokens; then the measured turns each add a
+short message, all programs of a set at once, in rounds that visit every level in a rotating
+order; ``cpu_ms_per_req`` is the median over rounds of the gateway's CPU per turn, and
+``ratio_30k_vs_14k`` the median of the rounds' 30k/14k ratios. The same ids posted to the bare
+relay give its floor at that length (``floor_cpu_ms_per_req``: what moving the bytes costs any
+Python hop). A gateway whose work per turn grows with the history shows it as a growing
+``cpu_ms_per_req`` from level to level; the goal is a flat one.
 
 Only with the canned engine (its context is raised to fit the longest level): a real engine on
 these cores would spend seconds on each 30k-token prefill.
@@ -108,42 +109,51 @@ async def run_levels(
     rounds: int,
     turns_per_round: int,
 ) -> dict[str, Any]:
-    """Grow ``PROGRAMS`` conversations through ``LEVELS``; at each, the gateway's CPU per turn
-    (``rounds`` rounds of ``turns_per_round`` turns of every program) and the relay's for bodies
-    of the same length (each conversation rendered fresh by the bench)."""
+    """Grow a set of ``PROGRAMS`` conversations to each of ``LEVELS``; then ``rounds`` rounds,
+    each a block per level in an order that rotates: ``turns_per_round`` turns of every program
+    of that level's set, the gateway's CPU per turn, then the relay's for bodies of the same
+    length (each conversation rendered fresh by the bench). Ratios between levels are medians of
+    per-round ratios: measured a level after another, minutes apart, the load that other work
+    put on the shared cores moved ``cpu_30k_vs_14k`` of one build from 1.24 to 1.68."""
     url, pid = gw
     filler = Filler(work.renderer.tok)
     rewrites_before = await _rewrites(session, url)
-    _, keys = await _programs(session, url, PROGRAMS)
-    convs = [Conversation(k) for k in keys]
-    out: dict[str, Any] = {"programs": PROGRAMS, "grow_tokens": GROW_TOKENS}
+    sets: dict[str, list[Conversation]] = {}
     grown = 0
     for name, target in LEVELS.items():
+        _, keys = await _programs(session, url, PROGRAMS)
+        convs = sets[name] = [Conversation(k) for k in keys]
         # grown to ``target`` less half what the measured turns add: they are centred on it
         start = target - rounds * turns_per_round * (MAX_TOKENS + 30) // 2
         while (short := start - min(c.prompt_tokens for c in convs)) > 50:
             grown += 1
             texts = [filler.text(grown * 1000 + i, min(GROW_TOKENS, short)) for i in range(len(convs))]
             await _all(convs, session, url, texts)
-        per_round: list[float] = []
-        turn = 0
-        for _ in range(rounds):
+    per: dict[str, list[float]] = {name: [] for name in LEVELS}
+    floor: dict[str, list[float]] = {name: [] for name in LEVELS}
+    names = list(LEVELS)
+    turn = 0
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            convs = sets[name]
             cpu0 = _cpu_seconds(pid)
             for _ in range(turns_per_round):
                 turn += 1
-                await _all(
-                    convs, session, url, [f"step {turn}: run the tests again, {i}" for i in range(len(convs))]
-                )
-            per_round.append(1000 * (_cpu_seconds(pid) - cpu0) / (turns_per_round * PROGRAMS))
-        relay_rounds = await _relay_rounds(session, work, relay, convs, rounds, turns_per_round)
+                texts = [f"step {turn}: run the tests again, {i}" for i in range(len(convs))]
+                await _all(convs, session, url, texts)
+            per[name].append(1000 * (_cpu_seconds(pid) - cpu0) / (turns_per_round * PROGRAMS))
+            floor[name] += await _relay_rounds(session, work, relay, convs, 1, turns_per_round)
+    out: dict[str, Any] = {"programs": PROGRAMS, "grow_tokens": GROW_TOKENS}
+    for name, convs in sets.items():
         out[name] = {
             "prompt_tokens": [min(c.prompt_tokens for c in convs), max(c.prompt_tokens for c in convs)],
             "messages": len(convs[0].messages),
-            "cpu_ms_per_req": per_round,
-            "median_cpu_ms_per_req": statistics.median(per_round),
-            "floor_cpu_ms_per_req": relay_rounds,
-            "median_floor_cpu_ms_per_req": statistics.median(relay_rounds),
+            "cpu_ms_per_req": per[name],
+            "median_cpu_ms_per_req": statistics.median(per[name]),
+            "floor_cpu_ms_per_req": floor[name],
+            "median_floor_cpu_ms_per_req": statistics.median(floor[name]),
         }
+    out["ratio_30k_vs_14k"] = statistics.median(b / a for a, b in zip(per["14k"], per["30k"], strict=True))
     # Every turn here must have extended its conversation: a rewrite would render the whole
     # history fresh and measure something else (the bench's other levels' chats are rewrites).
     rewrites = await _rewrites(session, url) - rewrites_before

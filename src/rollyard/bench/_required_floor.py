@@ -37,7 +37,7 @@ from rollyard.core.clock import SystemClock
 from rollyard.core.program import Program, SamplingPolicy
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.divided import Generated
-from rollyard.gateway.heap import tune_gc
+from rollyard.gateway.heap import tune_heap
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer
 from rollyard.gateway.routes_openai_chat import ChatCompletionBody, to_body, to_request
@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--state-dir", type=Path, required=True)
     a = p.parse_args()
     app = make_app(a.engine, a.model_dir, a.state_dir)
-    tune_gc(freeze=True)  # as ``rollyard gateway`` does once its app is built
+    tune_heap(freeze=True)  # as ``rollyard gateway`` does once its app is built
     uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning", access_log=False)
 
 

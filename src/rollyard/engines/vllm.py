@@ -229,7 +229,6 @@ class VLLMBackend(VersionFence):
             "top_p": params.top_p,
             "top_k": params.top_k,
             "logprobs": params.top_logprobs if params.logprobs else None,
-            "return_token_ids": True,
             "skip_special_tokens": False,
             "stream": stream,
         }
@@ -239,8 +238,14 @@ class VLLMBackend(VersionFence):
             body["stop_token_ids"] = list(params.stop_token_ids)
         if params.ignore_eos:
             body["ignore_eos"] = True
-        if params.top_logprobs:  # alternatives keyed "token_id:N", not by (ambiguous) text
+        if params.logprobs:
+            # The completion's ids as its logprobs' tokens ("token_id:N"; alternatives keyed so
+            # too, not by ambiguous text), not ``return_token_ids``, which also echoes the whole
+            # prompt's ids: ~150 KB for a 30k-token conversation, written by the engine and read
+            # by the gateway every turn, in proportion to the history.
             body["return_tokens_as_token_ids"] = True
+        else:
+            body["return_token_ids"] = True
         if params.grammar:
             body["structured_outputs"] = {"grammar": params.grammar}
         elif params.regex:

@@ -55,8 +55,29 @@ def finish(reason: str | None) -> FinishReason:
     return FinishReason.ABORT
 
 
+_AS_ID = "token_id:"
+
+
 def token_ids(choice: dict[str, Any]) -> list[int]:
-    return [int(t) for t in choice.get("token_ids") or []]
+    """The completion's ids: ``token_ids`` (``return_token_ids``), else its logprobs' tokens as
+    ``return_tokens_as_token_ids`` writes them, ``"token_id:N"`` (``ValueError`` for any other)."""
+    ids = choice.get("token_ids")
+    if ids is not None:
+        return [int(t) for t in ids]
+    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    if not tokens:
+        return []
+    # in C, not a call per token: each token starts with the prefix and holds it once, and
+    # what is left of them are the ids
+    text = ",".join(tokens)
+    n = len(tokens)
+    starts = text.startswith(_AS_ID) and text.count("," + _AS_ID) == n - 1
+    if not starts or text.count(_AS_ID) != n:
+        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
+    out = [int(t) for t in text.replace(_AS_ID, "").split(",")]
+    if len(out) != n:
+        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
+    return out
 
 
 def _logprob(entry: Any) -> float:

@@ -33,6 +33,10 @@ from rollyard.gateway.limits import strict_json
 # The small document's array key: a NUL, which no client key can be unescaped (checked below).
 _NEW = "\x00"
 _OPEN = b'{"\\u0000":['
+# That key as a whole JSON string: the only spelling of a key equal to it (a NUL is written
+# ``\u0000`` or not at all). A NUL inside a longer string (random text from a tiny model holds
+# some) is no key of ours; matching the bare escape sent such a turn, and the next, the full way.
+_NEW_KEY = b'"\\u0000"'
 _WS = re.compile(r"[ \t\n\r]*")
 _scan = json.JSONDecoder().scan_once  # the C scanner: (value, end index) of the value at an index
 _scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -176,7 +180,7 @@ def extend(raw: bytes, known: BodyPrefix | Seen | None, model: type, max_objects
         doc = _OPEN + tail
     else:
         return None
-    if b"\\u0000" in tail:  # a client key that could be the small document's own
+    if _NEW_KEY in tail:  # a client key that could be the small document's own
         return None
     try:
         small = strict_json(doc)

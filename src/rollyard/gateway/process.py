@@ -104,7 +104,7 @@ def serve_spec(layout: ShardLayout, spec_path: Path) -> None:
     """Serve ``spec_path``'s gateway as shard ``layout.index`` until SIGTERM."""
     import uvicorn
 
-    from rollyard.gateway.heap import tune_gc
+    from rollyard.gateway.heap import tune_heap
     from rollyard.gateway.serve import bind_tcp, bind_unix_socket, uvicorn_config
 
     token = os.environ.get("ROLLYARD_ADMIN_TOKEN")
@@ -117,7 +117,7 @@ def serve_spec(layout: ShardLayout, spec_path: Path) -> None:
     if uds is not None:
         sockets.append(bind_unix_socket(uds))
     config = uvicorn_config(app, spec.limits, lifespan="on", timeout_graceful_shutdown=DRAIN_S)
-    tune_gc(freeze=True)  # a process of its own: its start-up objects can be frozen
+    tune_heap(freeze=True)  # a process of its own: its start-up objects can be frozen
     uvicorn.Server(config).run(sockets=sockets)
 
 

@@ -22,7 +22,7 @@ from rollyard.core.errors import ConfigError
 from rollyard.core.tables import write_parquet
 from rollyard.engines.access import engine_http
 from rollyard.gateway.app import build_gateway, create_app
-from rollyard.gateway.heap import tune_gc
+from rollyard.gateway.heap import tune_heap
 from rollyard.gateway.programs import resolve_admin_token
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.settings import GatewayLimits
@@ -143,7 +143,7 @@ def serve(
         print(f"rollyard gateway: unix socket {uds}", flush=True)
     # requests held by the scheduler (a paused program) would keep a graceful stop waiting forever
     config = uvicorn_config(create_app(gw, limits=limits, layout=layout), limits)
-    tune_gc(freeze=True)
+    tune_heap(freeze=True)
     try:
         uvicorn.Server(config).run(sockets=sockets)
     finally:
