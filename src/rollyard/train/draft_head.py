@@ -1,0 +1,188 @@
+"""An EAGLE draft head for a Llama policy, trained with a Top-K KL loss against the policy.
+
+The head is what vLLM 0.32's ``eagle`` method serves for Llama targets
+(``vllm/model_executor/models/llama_eagle.py``): at position i it reads the target's final
+(post-norm) hidden state ``h_i`` and the embedding of the next token ``x_{i+1}``, mixes them
+with ``fc`` (2H -> H), runs one Llama decoder layer without its input norm and scores the
+result with the target's own ``lm_head``; the embeddings and ``lm_head`` are the target's
+(vLLM shares them when the checkpoint has none), so the head follows every policy update of
+those for free and the checkpoint is ~10 MB for SmolLM2-135M.
+
+Training matches that forward exactly: the policy's hidden states and logits come from a
+no-grad forward pass, the loss is the KL from the policy's renormalised top-K next-token
+distribution at i+1 to the head's, plus EAGLE's feature regression towards ``h_{i+1}`` (what
+the head's output is fed back as when it drafts its second and later tokens). Gradients reach
+only the head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollyard.core.errors import ConfigError
+
+HEAD_FILE = "model.safetensors"
+HEAD_META = "rollyard_head.json"  # the head's training counters and the policy version it matches
+
+
+def head_config(target_config: Any) -> Any:
+    """The head's ``config.json``: the target's Llama config cut to one layer."""
+    from transformers import LlamaConfig
+
+    if getattr(target_config, "model_type", None) != "llama":
+        raise ConfigError(
+            f"an eagle draft head needs a Llama-family policy, not {target_config.model_type!r}"
+        )
+    d = target_config.to_dict()
+    d.update(num_hidden_layers=1, architectures=["LlamaForCausalLM"], tie_word_embeddings=False)
+    for key in ("quantization_config", "_name_or_path", "transformers_version"):
+        d.pop(key, None)
+    return LlamaConfig(**d)
+
+
+class EagleHead(nn.Module):
+    """``fc`` over [embed(x_{i+1}); h_i], then one decoder layer with no input norm."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+        config._attn_implementation = "sdpa"
+        self.config = config
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layer = LlamaDecoderLayer(config, layer_idx=0)
+        self.layer.input_layernorm = nn.Identity()  # as vLLM's eagle layer 0 (and EAGLE's)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """``embeds`` [B, T, H] of tokens 1..T, ``hidden`` [B, T, H] at 0..T-1: the head's
+        features at 0..T-1 (causal; right padding does not reach real positions)."""
+        x = self.fc(torch.cat((embeds, hidden), dim=-1))
+        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+        return self.layer(x, position_ids=pos, position_embeddings=self.rotary(x, pos))
+
+    @classmethod
+    def from_policy(cls, policy: nn.Module) -> EagleHead:
+        """A head whose layer starts as a copy of the policy's last layer (a better start than
+        random: it already speaks the policy's feature space) and whose ``fc`` passes ``h_i``
+        through, for warm training to take from there."""
+        head = cls(head_config(policy.config))
+        last = policy.model.layers[-1].state_dict()
+        head.layer.load_state_dict({k: v for k, v in last.items() if "input_layernorm" not in k})
+        h = head.config.hidden_size
+        with torch.no_grad():
+            head.fc.weight.zero_()
+            head.fc.weight[:, h:] = torch.eye(h)
+        return head.to(next(policy.parameters()).dtype)
+
+    def vllm_state_dict(self) -> dict[str, torch.Tensor]:
+        """Weights under the names vLLM's ``EagleLlamaForCausalLM.load_weights`` expects."""
+        out = {"fc.weight": self.fc.weight}
+        for k, v in self.layer.state_dict().items():
+            out[f"layers.0.{k}"] = v
+        return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+    def load_vllm_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        self.fc.weight.data.copy_(sd["fc.weight"])
+        self.layer.load_state_dict({k[len("layers.0.") :]: v for k, v in sd.items() if k.startswith("layers.0.")})
+
+
+def save_head(head: EagleHead, out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ our meta) into ``out_dir`` atomically
+    (a sibling temp dir renamed over it), so an engine never reads half a head."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        head.config.to_json_file(str(tmp / "config.json"))
+        save_file(head.vllm_state_dict(), str(tmp / HEAD_FILE))
+        (tmp / HEAD_META).write_text(json.dumps(meta or {}))
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_head(head_dir: str | Path, policy: nn.Module) -> EagleHead:
+    from safetensors.torch import load_file
+
+    d = Path(head_dir)
+    if not (d / HEAD_FILE).is_file():
+        raise ConfigError(f"engine.drafting.head: {d} has no {HEAD_FILE} (make one with head: auto)")
+    head = EagleHead(head_config(policy.config))
+    try:
+        head.load_vllm_state_dict(load_file(str(d / HEAD_FILE)))
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(f"engine.drafting.head: {d} does not fit the policy: {e}") from e
+    return head.to(next(policy.parameters()).dtype)
+
+
+def head_meta(head_dir: str | Path) -> dict[str, Any]:
+    p = Path(head_dir) / HEAD_META
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def topk_kl(head_logits: torch.Tensor, policy_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Per-position KL(p_K || q): p is the policy's distribution renormalised over its top-K
+    tokens, q the head's full softmax read at those tokens ([N, V] -> [N])."""
+    top, idx = policy_logits.topk(min(k, policy_logits.shape[-1]), dim=-1)
+    logp = F.log_softmax(top, dim=-1)
+    logq = F.log_softmax(head_logits, dim=-1).gather(-1, idx)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+@dataclass
+class HeadLoss:
+    loss: torch.Tensor
+    kl: float
+    reg: float
+    tokens: int
+    accept1: float  # share of positions where head's argmax == policy's argmax (1st draft token)
+
+
+def head_loss(
+    head: EagleHead,
+    policy: nn.Module,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor,
+    topk: int,
+    reg_weight: float = 1.0,
+) -> HeadLoss:
+    """The head's loss on token rows ``input_ids`` [B, T] (``mask`` 1 where a real token):
+    one no-grad policy forward, then the head's forward with gradients only into the head."""
+    with torch.no_grad():
+        hidden = policy.model(input_ids=input_ids).last_hidden_state  # post-norm, as vLLM passes
+        embeds = policy.model.embed_tokens(input_ids[:, 1:])
+        target = policy.lm_head(hidden[:, 1:])
+    out = head(embeds, hidden[:, :-1])
+    logits = F.linear(out, policy.lm_head.weight.detach())
+    valid = (mask[:, 1:] > 0).reshape(-1)
+    if not bool(valid.any()):
+        raise ValueError("head_loss: no position has a next token")
+    flat_logits = logits.reshape(-1, logits.shape[-1])[valid]
+    flat_target = target.reshape(-1, target.shape[-1])[valid]
+    kl = topk_kl(flat_logits, flat_target, topk).mean()
+    reg = F.smooth_l1_loss(out.reshape(-1, out.shape[-1])[valid], hidden[:, 1:].reshape(-1, out.shape[-1])[valid])
+    accept = (flat_logits.argmax(-1) == flat_target.argmax(-1)).float().mean().item()
+    return HeadLoss(kl + reg_weight * reg, kl.item(), reg.item(), int(valid.sum()), accept)
