@@ -95,7 +95,8 @@ class EagleHead(nn.Module):
 
     def load_vllm_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         self.fc.weight.data.copy_(sd["fc.weight"])
-        self.layer.load_state_dict({k[len("layers.0.") :]: v for k, v in sd.items() if k.startswith("layers.0.")})
+        prefix = "layers.0."
+        self.layer.load_state_dict({k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
 
 
 def save_head(head: EagleHead, out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -143,46 +144,84 @@ def head_meta(head_dir: str | Path) -> dict[str, Any]:
     return json.loads(p.read_text()) if p.is_file() else {}
 
 
-def topk_kl(head_logits: torch.Tensor, policy_logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Per-position KL(p_K || q): p is the policy's distribution renormalised over its top-K
-    tokens, q the head's full softmax read at those tokens ([N, V] -> [N])."""
-    top, idx = policy_logits.topk(min(k, policy_logits.shape[-1]), dim=-1)
-    logp = F.log_softmax(top, dim=-1)
-    logq = F.log_softmax(head_logits, dim=-1).gather(-1, idx)
-    return (logp.exp() * (logp - logq)).sum(-1)
-
-
 @dataclass
-class HeadLoss:
-    loss: torch.Tensor
-    kl: float
-    reg: float
-    tokens: int
-    accept1: float  # share of positions where head's argmax == policy's argmax (1st draft token)
+class Targets:
+    """What the head learns from one token row, from one no-grad policy forward: the row, the
+    policy's final hidden states and its top-K next-token logits (values and ids)."""
+
+    ids: torch.Tensor  # [T]
+    hidden: torch.Tensor  # [T, H]
+    top: torch.Tensor  # [T, K]
+    top_ids: torch.Tensor  # [T, K]
+
+
+@torch.no_grad()
+def policy_targets(policy: nn.Module, rows: list[list[int]], topk: int, max_len: int = 1024) -> list[Targets]:
+    """One no-grad forward per row (cut to its last ``max_len`` tokens); rows under 2 tokens skip."""
+    out = []
+    for r in rows:
+        if len(r) < 2:
+            continue
+        ids = torch.tensor(r[-max_len:], dtype=torch.long)
+        hidden = policy.model(input_ids=ids[None]).last_hidden_state[0]  # post-norm, as vLLM passes
+        top, top_ids = policy.lm_head(hidden).topk(topk, dim=-1)
+        out.append(Targets(ids, hidden, top, top_ids))
+    return out
 
 
 def head_loss(
-    head: EagleHead,
-    policy: nn.Module,
-    input_ids: torch.Tensor,
-    mask: torch.Tensor,
-    topk: int,
-    reg_weight: float = 1.0,
-) -> HeadLoss:
-    """The head's loss on token rows ``input_ids`` [B, T] (``mask`` 1 where a real token):
-    one no-grad policy forward, then the head's forward with gradients only into the head."""
-    with torch.no_grad():
-        hidden = policy.model(input_ids=input_ids).last_hidden_state  # post-norm, as vLLM passes
-        embeds = policy.model.embed_tokens(input_ids[:, 1:])
-        target = policy.lm_head(hidden[:, 1:])
-    out = head(embeds, hidden[:, :-1])
-    logits = F.linear(out, policy.lm_head.weight.detach())
-    valid = (mask[:, 1:] > 0).reshape(-1)
-    if not bool(valid.any()):
-        raise ValueError("head_loss: no position has a next token")
-    flat_logits = logits.reshape(-1, logits.shape[-1])[valid]
-    flat_target = target.reshape(-1, target.shape[-1])[valid]
-    kl = topk_kl(flat_logits, flat_target, topk).mean()
-    reg = F.smooth_l1_loss(out.reshape(-1, out.shape[-1])[valid], hidden[:, 1:].reshape(-1, out.shape[-1])[valid])
-    accept = (flat_logits.argmax(-1) == flat_target.argmax(-1)).float().mean().item()
-    return HeadLoss(kl + reg_weight * reg, kl.item(), reg.item(), int(valid.sum()), accept)
+    head: EagleHead, policy: nn.Module, t: Targets, reg_weight: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """The head's loss on one row: at position i it reads h_i and x_{i+1} and should give the
+    policy's top-K distribution at i+1 (KL) and its features h_{i+1} (regression)."""
+    embeds = policy.model.embed_tokens(t.ids[1:]).detach()
+    out = head(embeds[None], t.hidden[None, :-1])[0]
+    logq = F.log_softmax(F.linear(out, policy.lm_head.weight.detach()), dim=-1)
+    logp = F.log_softmax(t.top[1:], dim=-1)
+    kl = (logp.exp() * (logp - logq.gather(-1, t.top_ids[1:]))).sum(-1).mean()
+    reg = F.smooth_l1_loss(out, t.hidden[1:])
+    top1 = (logq.argmax(-1) == t.top_ids[1:, 0]).float().mean()
+    return {"loss": kl + reg_weight * reg, "kl": kl.detach(), "reg": reg.detach(), "top1": top1}
+
+
+class HeadTrainer:
+    """The head with its own AdamW: ``step(targets)`` is one Top-K KL step on rows' targets (the
+    warm start's demonstrations, or an RL step's trajectories), token-weighted."""
+
+    def __init__(self, head: EagleHead, policy: nn.Module, *, topk: int = 64, lr: float = 1e-3) -> None:
+        self.head, self.policy, self.topk = head, policy, topk
+        self.opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
+        self.steps = 0
+
+    def step(self, targets: list[Targets]) -> dict[str, float]:
+        if not targets:
+            raise ValueError("draft head step: no row has two tokens")
+        self.head.train()
+        self.opt.zero_grad(set_to_none=True)
+        total = sum(len(t.ids) - 1 for t in targets)
+        sums = {"kl": 0.0, "reg": 0.0, "top1": 0.0}
+        for t in targets:
+            w = (len(t.ids) - 1) / total
+            out = head_loss(self.head, self.policy, t)
+            (out["loss"] * w).backward()
+            for k in sums:
+                sums[k] += float(out[k]) * w
+        grad = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0))
+        self.opt.step()
+        self.steps += 1
+        return {
+            "draft_head_loss": sums["kl"],
+            "draft_head_reg": sums["reg"],
+            "draft_head_top1": sums["top1"],
+            "draft_head_grad": grad,
+        }
+
+
+def warm_train(
+    trainer: HeadTrainer, targets: list[Targets], steps: int, rows_per_step: int = 4, seed: int = 0
+) -> list[dict[str, float]]:
+    """``steps`` head steps over random draws of ``rows_per_step`` rows (the warm start)."""
+    import random
+
+    rng = random.Random(seed)
+    return [trainer.step(rng.sample(targets, min(rows_per_step, len(targets)))) for _ in range(steps)]
