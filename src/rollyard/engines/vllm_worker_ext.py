@@ -55,6 +55,29 @@ def _patch() -> None:
 _patch()
 
 
+def load_draft_head(drafter: Any, weights_path: str) -> dict[str, float]:
+    """Load ``weights_path/draft_head`` into the engine's eagle drafter and re-pack its GEMMs
+    (its embeddings and lm_head are the target's, already reloaded); ``{}`` when there is none."""
+    import os
+
+    from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
+
+    path = os.path.join(weights_path, HEAD_DIR, HEAD_FILE)
+    model = getattr(drafter, "model", None)
+    if model is None or not os.path.isfile(path):
+        return {}
+    from safetensors.torch import load_file
+
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.load_weights(iter(load_file(path).items()))
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            _ORIGINAL_DISPATCH(module, remove_weight=False)
+    return {"draft_head_load_s": time.perf_counter() - t0}
+
+
 class LiveWeightsExtension:
     """Worker mix-in; its methods are callable through ``/collective_rpc``."""
 
@@ -67,7 +90,10 @@ class LiveWeightsExtension:
         t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         self._rollyard_version = int(version)
-        return self._repack_timed(t0, t0)
+        took = self._repack_timed(t0, t0)
+        # an online eagle head published beside the policy (``engine.drafting.online``)
+        took.update(load_draft_head(getattr(self.model_runner, "drafter", None), weights_path))  # type: ignore[attr-defined]
+        return took
 
     def rollyard_weights_version(self) -> int:
         """The policy version the last reload or receive was given (-1: none since start-up)."""

@@ -134,6 +134,14 @@ async def train(
                 start = await cli_warm_start(train_tasks, start, run.root, cfg)
         else:
             start = await warm_start(train_tasks, provider, start, run.root, cfg)
+    if cfg.engine.drafting.method == "eagle":  # head: auto is made (or found) before engines start
+        from rollyard.train.draft_online import prepare_head
+
+        say({"event": "phase", "phase": "draft_head", "detail": f"eagle head {cfg.engine.drafting.head}"})
+        demos = run.root / "sft" / "demos.jsonl"
+        cfg.engine.drafting = prepare_head(
+            cfg.engine.drafting, start, demos if demos.is_file() else None, cfg.run.seed
+        )
     say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s)"})
     trainer = build_trainer(cfg, start)
     try:
@@ -195,6 +203,7 @@ async def _serve_and_loop(
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     """Engines, gateway and sandboxes up; the publisher joined to the engines; the loop to the end."""
+    from rollyard.train.draft_online import online_head
     from rollyard.train.publish import WeightPublisher
 
     async with open_services(cfg, run.root, weights, served) as svc:
@@ -220,4 +229,6 @@ async def _serve_and_loop(
             loop = TrainingLoop(
                 cfg, run, svc, runner, trainer, publisher, train_tasks, held_out, state, progress=progress
             )
+            loop.draft_head = online_head(cfg.engine.drafting, trainer, p.mode)
+            publisher.beside = loop.draft_head.write_beside if loop.draft_head else None
             return await loop.run()

@@ -30,9 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollyard.core.errors import ConfigError
-
-HEAD_FILE = "model.safetensors"
-HEAD_META = "rollyard_head.json"  # the head's training counters and the policy version it matches
+from rollyard.engines.drafting.eagle_files import HEAD_FILE, HEAD_META
 
 
 def head_config(target_config: Any) -> Any:
@@ -207,13 +205,18 @@ class HeadTrainer:
             for k in sums:
                 sums[k] += float(out[k]) * w
         grad = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0))
+        before = [p.detach().clone() for p in self.head.parameters()]
         self.opt.step()
+        delta = sum(
+            float((p.detach() - b).pow(2).sum()) for p, b in zip(self.head.parameters(), before, strict=True)
+        )
         self.steps += 1
         return {
             "draft_head_loss": sums["kl"],
             "draft_head_reg": sums["reg"],
             "draft_head_top1": sums["top1"],
             "draft_head_grad": grad,
+            "draft_head_delta": delta**0.5,  # L2 norm of this step's change to the head's weights
         }
 
 

@@ -1,0 +1,9 @@
+"""Where an eagle draft head lives on disk: its own dir (``config.json`` + ``model.safetensors``,
+what vLLM's ``eagle`` method loads), and under a published policy version, ``draft_head/``
+beside the policy's weights (the engine's worker extension loads it with the policy).
+
+Standard library only: the engine process imports it."""
+
+HEAD_DIR = "draft_head"
+HEAD_FILE = "model.safetensors"
+HEAD_META = "rollyard_head.json"  # the head's training counters and the policy it was fit to
