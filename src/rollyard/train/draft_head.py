@@ -60,7 +60,8 @@ class EagleHead(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.layer = LlamaDecoderLayer(config, layer_idx=0)
-        self.layer.input_layernorm = nn.Identity()  # as vLLM's eagle layer 0 (and EAGLE's)
+        # no input norm, as vLLM's eagle layer 0 (and EAGLE's)
+        setattr(self.layer, "input_layernorm", nn.Identity())  # noqa: B010
         self.rotary = LlamaRotaryEmbedding(config)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -135,11 +136,6 @@ def load_head(head_dir: str | Path, policy: nn.Module) -> EagleHead:
     except (KeyError, RuntimeError) as e:
         raise ConfigError(f"engine.drafting.head: {d} does not fit the policy: {e}") from e
     return head.to(next(policy.parameters()).dtype)
-
-
-def head_meta(head_dir: str | Path) -> dict[str, Any]:
-    p = Path(head_dir) / HEAD_META
-    return json.loads(p.read_text()) if p.is_file() else {}
 
 
 @dataclass
