@@ -1,6 +1,6 @@
 """``rollyard train`` with ``engine.drafting.method: eagle, online: true``: the run makes a head
 for its policy, the engine drafts with it through vLLM's eagle method, the trainer steps the
-head every RL step, and each published version carries the head the engine then loads."""
+head every RL step, and each published version carries the head the engine then loads (disk and memory publish)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from rollyard.rollout.rundir import RunDir
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("mode", ["disk", "memory"])
 async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_version(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    mode: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))  # head: auto is made here
     cfg = builtin_config(
@@ -30,7 +31,7 @@ async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_vers
             "run.temperature": 0.0,
             "agent.max_tokens": 64,
             "engine.startup_timeout_s": 600,
-            "publish.mode": "disk",
+            "publish.mode": mode,  # disk: draft_head/ beside the weights; memory: sent with them
             "engine.drafting": {"method": "eagle", "k": 3, "online": True, "warm_steps": 0, "rows": 2},
         },
     )
@@ -44,5 +45,6 @@ async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_vers
         assert r["publish_engine_draft_head_load_s"] > 0  # the engine loaded that version's head
         assert r["spec_drafts"] > 0 and r["spec_acceptance_len"] >= 1.0  # it drafted with it
     assert [r["draft_head_steps"] for r in rows] == [1, 2]
-    assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()
+    if mode == "disk":
+        assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()
     assert any((tmp_path / "cache" / "models" / "eagle-heads").glob(f"*/{HEAD_FILE}"))

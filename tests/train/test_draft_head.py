@@ -14,10 +14,12 @@ import torch
 from rollyard.core.errors import ConfigError
 from rollyard.core.sample import Sample
 from rollyard.engines.drafting import DraftingConfig
-from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
+from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head
 from rollyard.train.draft_online import OnlineHead, online_head, prepare_head
+from rollyard.train.memory_publish import MemoryLinks
 from rollyard.train.models import build_model
+from rollyard.train.publish import WeightPublisher
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +109,15 @@ def test_config_errors(policy: torch.nn.Module, tmp_path: Path) -> None:
     class _Trainer:
         model = policy
 
-    with pytest.raises(ConfigError, match=r"publish\.mode: disk"):
-        online_head(cfg, _Trainer(), "memory")
-    assert online_head(cfg.model_copy(update={"online": False}), _Trainer(), "memory") is None
+    def publisher(mode: str) -> WeightPublisher:
+        return WeightPublisher([], tmp_path / "weights", base_path=tmp_path, mode=mode)  # type: ignore[arg-type]
+
+    assert online_head(cfg.model_copy(update={"online": False}), _Trainer(), publisher("memory")) is None
+    disk = publisher("disk")
+    head = online_head(cfg, _Trainer(), disk)
+    assert head is not None and disk.beside == head.write_beside
+    memory = publisher("memory")
+    head = online_head(cfg, _Trainer(), memory)
+    assert head is not None and isinstance(memory.links, MemoryLinks) and memory.links.extra is not None
+    sent = dict(memory.links.extra())
+    assert set(sent) == {HEAD_PREFIX + n for n in head.head.vllm_state_dict()}

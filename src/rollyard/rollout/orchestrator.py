@@ -221,6 +221,7 @@ async def _serve_and_loop(
             timeout_s=p.timeout_s,
         )
         await publisher.start()
+        head = online_head(cfg.engine.drafting, trainer, publisher)  # engine.drafting eagle, online
         if p.mode == "memory":
             svc.fleet.catch_up = publisher.catch_up
         if served != state.version:
@@ -229,6 +230,5 @@ async def _serve_and_loop(
             loop = TrainingLoop(
                 cfg, run, svc, runner, trainer, publisher, train_tasks, held_out, state, progress=progress
             )
-            loop.draft_head = online_head(cfg.engine.drafting, trainer, p.mode)
-            publisher.beside = loop.draft_head.write_beside if loop.draft_head else None
+            loop.draft_head = head
             return await loop.run()

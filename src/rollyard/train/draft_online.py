@@ -2,11 +2,11 @@
 
 Before the engines start, ``prepare_head`` resolves ``head: auto``: a head made from the
 starting policy and warm-trained on the warm start's demonstrations, cached under the model
-cache by what decides it. With ``online: true`` (single-rank trainer, ``publish.mode: disk``)
-``OnlineHead`` then runs one Top-K KL step per RL step on that step's trajectories, against
-the policy just updated, and writes the head into the new version's dir before the engines
-reload it (``draft_head/``, which the worker extension loads into the drafter): the engines'
-head always matches the policy version they serve.
+cache by what decides it. With ``online: true`` ``OnlineHead`` then runs one Top-K KL step per
+RL step on that step's trajectories, against the policy just updated, and the head goes out
+with the new version (disk: written into its dir as ``draft_head/`` before the engines reload;
+memory: its tensors after the policy's), which the worker extension loads into vLLM's drafter
+in the same RPC: the engines' head always matches the policy version they serve.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,10 @@ from rollyard.core.cache import cache_dir
 from rollyard.core.errors import ConfigError
 from rollyard.core.sample import Sample
 from rollyard.engines.drafting.config import DraftingConfig
-from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
+from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head, warm_train
+from rollyard.train.memory_publish import MemoryLinks
+from rollyard.train.publish import WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +114,28 @@ class OnlineHead:
     def write_beside(self, version_dir: Path) -> None:
         save_head(self.head, version_dir / HEAD_DIR, {"online_steps": self.trainer.steps})
 
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        for name, t in self.head.vllm_state_dict().items():
+            yield HEAD_PREFIX + name, t
 
-def online_head(cfg: DraftingConfig, trainer: Any, publish_mode: str) -> OnlineHead | None:
-    """The run's online head, or None (no eagle drafting, or a frozen head)."""
+
+def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -> OnlineHead | None:
+    """The run's online head, hooked into ``publisher`` so each version carries it (disk: a
+    ``draft_head/`` dir beside the weights; memory: its tensors after the policy's, under
+    ``HEAD_PREFIX``); None without eagle drafting or with a frozen head."""
     if cfg.method != "eagle" or not cfg.online:
         return None
-    if publish_mode != "disk":
-        raise ConfigError(
-            "engine.drafting.online with method eagle publishes the head beside the policy's "
-            "weights: it needs publish.mode: disk (memory mode does not carry the head yet), "
-            "or set online: false"
-        )
     model = getattr(trainer, "model", None)
     if model is None or not hasattr(model, "model"):
         raise ConfigError("engine.drafting.online with method eagle needs a transformers Llama policy")
-    return OnlineHead(cfg, model)
+    head = OnlineHead(cfg, model)
+    if publisher.mode == "disk":
+        publisher.beside = head.write_beside
+    elif isinstance(publisher.links, MemoryLinks):
+        publisher.links.extra = head.named_weights
+    else:
+        raise ConfigError(
+            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
+            "the head; use publish.mode: disk or online: false"
+        )
+    return head
