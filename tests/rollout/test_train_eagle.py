@@ -1,6 +1,7 @@
 """``rollyard train`` with ``engine.drafting.method: eagle, online: true``: the run makes a head
 for its policy, the engine drafts with it through vLLM's eagle method, the trainer steps the
-head every RL step, and each published version carries the head the engine then loads (disk and memory publish)."""
+head every RL step, and each published version (disk or memory publish) carries the head the
+engine then loads."""
 
 from __future__ import annotations
 
