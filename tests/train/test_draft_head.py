@@ -121,3 +121,34 @@ def test_config_errors(policy: torch.nn.Module, tmp_path: Path) -> None:
     assert head is not None and isinstance(memory.links, MemoryLinks) and memory.links.extra is not None
     sent = dict(memory.links.extra())
     assert set(sent) == {HEAD_PREFIX + n for n in head.head.vllm_state_dict()}
+
+
+def test_auto_head_is_warm_trained_on_the_demos_and_cached(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))
+    demos = tmp_path / "demos.jsonl"
+    rows = _rows(256, n=3, length=40)
+    demos.write_text(
+        "".join(
+            Sample(
+                token_ids=r,
+                loss_mask=[0] + [1] * (len(r) - 1),
+                logprobs=[0.0] * len(r),
+                advantages=[0.0] * len(r),
+            ).model_dump_json()
+            + "\n"
+            for r in rows
+        )
+    )
+    cfg = DraftingConfig(method="eagle", warm_steps=3, topk=8)
+    made = prepare_head(cfg, tiny_model_dir, demos)
+    head_dir = Path(made.head)
+    assert head_dir.parent == tmp_path / "cache" / "models" / "eagle-heads"
+    meta = json.loads((head_dir / "rollyard_head.json").read_text())
+    assert meta["warm_steps"] == 3 and meta["warm"][0]["draft_head_delta"] > 0
+    stamp = (head_dir / HEAD_FILE).stat().st_mtime_ns
+    assert prepare_head(cfg, tiny_model_dir, demos).head == made.head  # a cache hit: not remade
+    assert (head_dir / HEAD_FILE).stat().st_mtime_ns == stamp
+    other = prepare_head(cfg.model_copy(update={"warm_steps": 2}), tiny_model_dir, demos)
+    assert other.head != made.head
