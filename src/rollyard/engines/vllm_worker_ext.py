@@ -55,6 +55,36 @@ def _patch() -> None:
 _patch()
 
 
+def load_draft_head(drafter: Any, weights_path: str) -> dict[str, float]:
+    """Load ``weights_path/draft_head`` into the engine's eagle drafter; ``{}`` when there is none."""
+    import os
+
+    from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
+
+    path = os.path.join(weights_path, HEAD_DIR, HEAD_FILE)
+    if getattr(drafter, "model", None) is None or not os.path.isfile(path):
+        return {}
+    from safetensors.torch import load_file
+
+    return load_head_tensors(drafter, list(load_file(path).items()))
+
+
+def load_head_tensors(drafter: Any, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """Copy an eagle head's tensors (vLLM's names) into the drafter and re-pack its GEMMs (its
+    embeddings and lm_head are the target's, already updated)."""
+    model = getattr(drafter, "model", None)
+    if model is None:
+        raise RuntimeError("this engine has no eagle drafter to take a draft head")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.load_weights(iter(tensors))
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
+            _ORIGINAL_DISPATCH(module, remove_weight=False)
+    return {"draft_head_load_s": time.perf_counter() - t0}
+
+
 class LiveWeightsExtension:
     """Worker mix-in; its methods are callable through ``/collective_rpc``."""
 
@@ -67,7 +97,10 @@ class LiveWeightsExtension:
         t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
         self._rollyard_version = int(version)
-        return self._repack_timed(t0, t0)
+        took = self._repack_timed(t0, t0)
+        # an online eagle head published beside the policy (``engine.drafting.online``)
+        took.update(load_draft_head(getattr(self.model_runner, "drafter", None), weights_path))  # type: ignore[attr-defined]
+        return took
 
     def rollyard_weights_version(self) -> int:
         """The policy version the last reload or receive was given (-1: none since start-up)."""
@@ -110,6 +143,10 @@ class LiveWeightsExtension:
                     n *= int(d)
                 staged.append((name, flat[offset : offset + n].view(*shape)))
         t1 = time.perf_counter()
+        from rollyard.engines.drafting.eagle_files import HEAD_PREFIX
+
+        head = [(n[len(HEAD_PREFIX) :], t) for n, t in staged if n.startswith(HEAD_PREFIX)]
+        staged = [(n, t) for n, t in staged if not n.startswith(HEAD_PREFIX)]
         model = self._model()
         with torch.no_grad():  # unquantized weights only: their post-load step is the GEMM pack
             loaded = model.load_weights(iter(staged))
@@ -119,7 +156,10 @@ class LiveWeightsExtension:
         if missing:
             raise RuntimeError(f"weights v{version} left {len(missing)} parameters unloaded: {missing[:3]}")
         self._rollyard_version = int(version)
-        return self._repack_timed(t0, t1)
+        took = self._repack_timed(t0, t1)
+        if head:  # an online eagle head sent with the policy (``engine.drafting.online``)
+            took.update(load_head_tensors(getattr(self.model_runner, "drafter", None), head))  # type: ignore[attr-defined]
+        return took
 
     def _repack_timed(self, t0: float, t1: float) -> dict[str, float]:
         """Re-pack every GEMM; the timings of a weight update that received from ``t0`` to ``t1``

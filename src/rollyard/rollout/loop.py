@@ -38,6 +38,7 @@ from rollyard.rollout.stats import step_stats
 from rollyard.rollout.sync import produce_in_steps
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.tasks.model import Task
+from rollyard.train.draft_online import OnlineHead
 from rollyard.train.publish import WeightPublisher
 from rollyard.train.trainer import Trainer
 
@@ -82,6 +83,7 @@ class TrainingLoop:
         self.silent = SilentPrograms(cfg.agent.max_silent_programs)
         self.trackers = open_trackers(cfg.run.loggers, run.root, cfg.model_dump(mode="json"))
         self._fatal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.draft_head: OnlineHead | None = None  # engine.drafting eagle, online
 
     # -- producer ------------------------------------------------------------------------------
     def _wanted(self) -> int:
@@ -189,10 +191,14 @@ class TrainingLoop:
         # From the step until its publish the model is not the live version: a catch-up (an
         # engine restarted meanwhile) waits, so it never sends weights under the wrong version.
         async with self.publisher.changing_model():
-            m = await in_daemon_thread(self.trainer.train_step, [s for g in groups for s in g.samples])
+            samples = [s for g in groups for s in g.samples]
+            m = await in_daemon_thread(self.trainer.train_step, samples)
+            # the eagle draft head's step, on the policy just updated (``train.draft_online``)
+            head = await in_daemon_thread(self.draft_head.step, samples) if self.draft_head else {}
             t2 = self.clock.now()
             await self._publish(groups)
         row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
+        row.update(head)
         row.update(await self._gateway_counts())
         row.update(await self.svc.fleet.drafting_metrics())
         last_step = self.s.step == self.cfg.run.steps

@@ -136,6 +136,14 @@ async def train(
                 start = await cli_warm_start(train_tasks, start, run.root, cfg)
         else:
             start = await warm_start(train_tasks, provider, start, run.root, cfg)
+    if cfg.engine.drafting.method == "eagle":  # head: auto is made (or found) before engines start
+        from rollyard.train.draft_online import prepare_head
+
+        say({"event": "phase", "phase": "draft_head", "detail": f"eagle head {cfg.engine.drafting.head}"})
+        demos = run.root / "sft" / "demos.jsonl"
+        cfg.engine.drafting = prepare_head(
+            cfg.engine.drafting, start, demos if demos.is_file() else None, cfg.run.seed
+        )
     where = ", ranks 1.. as Ray actors in one placement group" if cfg.ranks_on_ray else ""
     say({"event": "phase", "phase": "trainer", "detail": f"{cfg.trainer.world_size} rank(s){where}"})
     with ray_session(cfg, run.root):  # trainer ranks, engines and rollout workers may be its actors
@@ -200,6 +208,7 @@ async def _serve_and_loop(
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     """Engines, gateway and sandboxes up; the publisher joined to the engines; the loop to the end."""
+    from rollyard.train.draft_online import online_head
     from rollyard.train.publish import WeightPublisher
 
     async with open_services(cfg, run.root, weights, served) as svc:
@@ -217,6 +226,7 @@ async def _serve_and_loop(
             timeout_s=p.timeout_s,
         )
         await publisher.start()
+        head = online_head(cfg.engine.drafting, trainer, publisher)  # engine.drafting eagle, online
         if p.mode == "memory":
             svc.fleet.catch_up = publisher.catch_up
         if served != state.version:
@@ -225,4 +235,5 @@ async def _serve_and_loop(
             loop = TrainingLoop(
                 cfg, run, svc, runner, trainer, publisher, train_tasks, held_out, state, progress=progress
             )
+            loop.draft_head = head
             return await loop.run()

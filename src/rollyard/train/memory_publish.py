@@ -14,10 +14,11 @@ it is restarted and caught up (``WeightPublisher.catch_up``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -52,6 +53,8 @@ class MemoryLinks:
         self.host = host
         self.timeout_s = timeout_s
         self._links: dict[str, GlooLink] = {}
+        # more (name, tensor) pairs sent after the model's: the online eagle draft head's
+        self.extra: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None
 
     async def join(self, engine: VLLMBackend) -> GlooLink:
         """The engine's link, opened now if it has none (both ends block until the other joins)."""
@@ -83,7 +86,8 @@ class MemoryLinks:
         Returns timings: pack_s, drain_s (the slowest fence), transfer_s (fence to resume)."""
         t0 = time.perf_counter()
         source = self.weights or (lambda: model_weights(model))
-        buckets = await asyncio.to_thread(lambda: pack(source(), self.bucket_bytes))
+        extra = self.extra or (lambda: ())
+        buckets = await asyncio.to_thread(lambda: pack(itertools.chain(source(), extra()), self.bucket_bytes))
         plan = json.dumps([b.plan() for b in buckets])
         flats = await asyncio.to_thread(lambda: [b.flat() for b in buckets])
         t1 = time.perf_counter()

@@ -27,7 +27,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,6 +88,9 @@ class WeightPublisher:
         self._model: Any = None  # the model whose weights are live (memory mode's catch-up source)
         self._changing = asyncio.Lock()  # see ``changing_model``
         self._changer: asyncio.Task[Any] | None = None
+        # disk mode: writes more into a version's dir before the engines reload it (the online
+        # eagle draft head, ``train/draft_online.py``)
+        self.beside: Callable[[Path], None] | None = None
 
     async def publish(self, model: Any, version: int) -> Path | None:
         """Make ``version`` live on every engine. Disk: returns its dir; on failure the previous
@@ -179,6 +182,8 @@ class WeightPublisher:
             raise TrainError(f"version {version} is not newer than the live version {self.version}")
         t0 = time.perf_counter()
         path = await asyncio.to_thread(save_weights, model, self.root, version, tokenizer=self.tokenizer)
+        if self.beside is not None:
+            await asyncio.to_thread(self.beside, path)
         t1 = time.perf_counter()
         results = await asyncio.gather(
             *(self._load(e, path, version) for e in self.engines), return_exceptions=True

@@ -7,18 +7,27 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollyard.core.errors import ConfigError
+
 DRAFTER_CLASSES = {
     "grouped_suffix": "rollyard.engines.drafting.GroupedSuffixDrafter",
     "solo_suffix": "rollyard.engines.drafting.SoloSuffixDrafter",
 }
-DraftMethod = Literal["none", "grouped_suffix", "solo_suffix", "ngram"]
+DraftMethod = Literal["none", "grouped_suffix", "solo_suffix", "ngram", "eagle"]
 
 
 class DraftingConfig(BaseModel):
     """``method``: ``grouped_suffix`` (ours: a suffix index per RL group), ``solo_suffix`` (ours,
     each request alone), ``ngram`` (vLLM's prompt lookup) or ``none``; ``k``: the most tokens
     drafted per request and step. ``budget`` / ``min_prob`` / ``prior`` tune ours (see
-    ``DrafterSettings``)."""
+    ``DrafterSettings``).
+
+    ``eagle``: a learned draft head served by vLLM's ``eagle`` method (``train/draft_head.py``).
+    ``head``: its dir, or ``auto`` (made from the starting policy and warm-trained for
+    ``warm_steps`` on the warm start's demonstrations, cached under the model cache);
+    ``online``: train it every RL step on that step's trajectories (``rows`` of them, cut to
+    ``max_len`` tokens) and publish it with the policy, else it stays frozen after warm-up;
+    ``topk``: the policy tokens its Top-K KL loss matches; ``lr``: its AdamW rate."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -27,6 +36,13 @@ class DraftingConfig(BaseModel):
     budget: int | None = Field(default=None, ge=0)
     min_prob: float | None = Field(default=None, ge=0.0, le=1.0)
     prior: float | None = Field(default=None, ge=0.0)
+    head: str = "auto"
+    online: bool = True
+    topk: int = Field(default=64, ge=1)
+    warm_steps: int = Field(default=200, ge=0)
+    rows: int = Field(default=4, ge=1)
+    max_len: int = Field(default=1024, ge=16)
+    lr: float = Field(default=1e-3, gt=0)
 
     @property
     def enabled(self) -> bool:
@@ -43,6 +59,10 @@ class DraftingConfig(BaseModel):
                 "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2,
             }
+        if self.method == "eagle":
+            if self.head == "auto":
+                raise ConfigError("engine.drafting.head is 'auto': a run makes the head before engines start")
+            return {"method": "eagle", "model": self.head, "num_speculative_tokens": self.k}
         return {
             "method": "custom_class",
             "model": DRAFTER_CLASSES[self.method],

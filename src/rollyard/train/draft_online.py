@@ -1,0 +1,141 @@
+"""The eagle draft head in a ``rollyard train`` run (``engine.drafting.method: eagle``).
+
+Before the engines start, ``prepare_head`` resolves ``head: auto``: a head made from the
+starting policy and warm-trained on the warm start's demonstrations, cached under the model
+cache by what decides it. With ``online: true`` ``OnlineHead`` then runs one Top-K KL step per
+RL step on that step's trajectories, against the policy just updated, and the head goes out
+with the new version (disk: written into its dir as ``draft_head/`` before the engines reload;
+memory: its tensors after the policy's), which the worker extension loads into vLLM's drafter
+in the same RPC: the engines' head always matches the policy version they serve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rollyard.core.cache import cache_dir
+from rollyard.core.errors import ConfigError
+from rollyard.core.sample import Sample
+from rollyard.engines.drafting.config import DraftingConfig
+from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
+from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head, warm_train
+from rollyard.train.memory_publish import MemoryLinks
+from rollyard.train.publish import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+WARM_ROWS = 32  # demonstrations the warm start fits (one policy forward each, ~30-200 tok/s here)
+
+
+def _rows(samples: Sequence[Sample], n: int, max_len: int) -> list[list[int]]:
+    """The ``n`` longest samples' tokens (the most positions per policy forward), cut to
+    their last ``max_len``."""
+    longest = sorted(samples, key=lambda s: len(s.token_ids), reverse=True)[:n]
+    return [s.token_ids[-max_len:] for s in longest]
+
+
+def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
+    parts: dict[str, Any] = {
+        "policy": [
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(start.glob("*.safetensors"))
+        ],
+        "policy_dir": str(start.resolve()),
+        "demos": hashlib.sha256(demos.read_bytes()).hexdigest() if demos else None,
+        "head": cfg.model_dump(mode="json", include={"topk", "warm_steps", "max_len", "lr"}),
+        "recipe": 1,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int = 0) -> DraftingConfig:
+    """``cfg`` with ``head`` a dir vLLM can load: as given, or for ``auto`` made now (or taken
+    from the cache). ``demos``: the warm start's demonstrations (JSON lines of ``Sample``)."""
+    if cfg.method != "eagle" or cfg.head != "auto":
+        if cfg.method == "eagle" and not (Path(cfg.head) / HEAD_FILE).is_file():
+            raise ConfigError(f"engine.drafting.head: {cfg.head} has no {HEAD_FILE} (or use head: auto)")
+        return cfg
+    if cfg.warm_steps and demos is None:
+        raise ConfigError(
+            "engine.drafting.head: auto warm-trains on the SFT warm start's demonstrations: "
+            "turn on sft, give a head dir, or set warm_steps: 0"
+        )
+    out = cache_dir() / "models" / "eagle-heads" / _key(start, demos if cfg.warm_steps else None, cfg)
+    if not (out / HEAD_FILE).is_file():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        policy = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval().requires_grad_(False)
+        head = EagleHead.from_policy(policy)
+        stats: list[dict[str, float]] = []
+        if cfg.warm_steps and demos is not None:
+            samples = [Sample.model_validate_json(line) for line in demos.read_text().splitlines() if line]
+            targets = policy_targets(policy, _rows(samples, WARM_ROWS, cfg.max_len), cfg.topk, cfg.max_len)
+            torch.manual_seed(seed)
+            stats = warm_train(
+                HeadTrainer(head, policy, topk=cfg.topk, lr=cfg.lr), targets, cfg.warm_steps, seed=seed
+            )
+            log.info("eagle head warm-trained steps=%d first=%s last=%s", len(stats), stats[0], stats[-1])
+        save_head(head, out, {"warm_steps": len(stats), "warm": stats[-1:] or None, "policy": str(start)})
+    return cfg.model_copy(update={"head": str(out)})
+
+
+class OnlineHead:
+    """The head trained beside the policy: ``step`` after each policy step, ``write_beside``
+    into each published version's dir."""
+
+    def __init__(self, cfg: DraftingConfig, policy: Any) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.head = load_head(cfg.head, policy)
+        self.trainer = HeadTrainer(self.head, policy, topk=cfg.topk, lr=cfg.lr)
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One head step on the step's longest ``rows`` trajectories (one no-grad policy
+        forward each, on the policy as just updated)."""
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            targets = policy_targets(
+                self.policy, _rows(samples, self.cfg.rows, self.cfg.max_len), self.cfg.topk
+            )
+        finally:
+            self.policy.train(was_training)
+        if not targets:
+            return {}
+        out = self.trainer.step(targets)
+        out["draft_head_steps"] = float(self.trainer.steps)
+        return out
+
+    def write_beside(self, version_dir: Path) -> None:
+        save_head(self.head, version_dir / HEAD_DIR, {"online_steps": self.trainer.steps})
+
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        for name, t in self.head.vllm_state_dict().items():
+            yield HEAD_PREFIX + name, t
+
+
+def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -> OnlineHead | None:
+    """The run's online head, hooked into ``publisher`` so each version carries it (disk: a
+    ``draft_head/`` dir beside the weights; memory: its tensors after the policy's, under
+    ``HEAD_PREFIX``); None without eagle drafting or with a frozen head."""
+    if cfg.method != "eagle" or not cfg.online:
+        return None
+    model = getattr(trainer, "model", None)
+    if model is None or not hasattr(model, "model"):
+        raise ConfigError("engine.drafting.online with method eagle needs a transformers Llama policy")
+    head = OnlineHead(cfg, model)
+    if publisher.mode == "disk":
+        publisher.beside = head.write_beside
+    elif isinstance(publisher.links, MemoryLinks):
+        publisher.links.extra = head.named_weights
+    else:
+        raise ConfigError(
+            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
+            "the head; use publish.mode: disk or online: false"
+        )
+    return head

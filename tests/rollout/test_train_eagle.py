@@ -1,0 +1,51 @@
+"""``rollyard train`` with ``engine.drafting.method: eagle, online: true``: the run makes a head
+for its policy, the engine drafts with it through vLLM's eagle method, the trainer steps the
+head every RL step, and each published version (disk or memory publish) carries the head the
+engine then loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
+from rollyard.rollout.config import builtin_config
+from rollyard.rollout.orchestrator import train
+from rollyard.rollout.rundir import RunDir
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("mode", ["disk", "memory"])
+async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_version(
+    mode: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))  # head: auto is made here
+    cfg = builtin_config(
+        "quick",
+        {
+            "model.path": str(tiny_model_dir),
+            "model.create": False,
+            "run.progress": False,
+            "run.steps": 2,
+            "run.temperature": 0.0,
+            "agent.max_tokens": 64,
+            "engine.startup_timeout_s": 600,
+            "publish.mode": mode,  # disk: draft_head/ beside the weights; memory: sent with them
+            "engine.drafting": {"method": "eagle", "k": 3, "online": True, "warm_steps": 0, "rows": 2},
+        },
+    )
+    run = RunDir(tmp_path / "run")
+    await train(cfg, run)
+    rows = run.read_metrics()
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["draft_head_loss"] > 0  # the head's Top-K KL was computed on the step's trajectories
+        assert r["draft_head_delta"] > 0  # and its weights changed
+        assert r["publish_engine_draft_head_load_s"] > 0  # the engine loaded that version's head
+        assert r["spec_drafts"] > 0 and r["spec_acceptance_len"] >= 1.0  # it drafted with it
+    assert [r["draft_head_steps"] for r in rows] == [1, 2]
+    if mode == "disk":
+        assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()
+    assert any((tmp_path / "cache" / "models" / "eagle-heads").glob(f"*/{HEAD_FILE}"))
