@@ -97,3 +97,15 @@ def test_a_rank_actor_that_cannot_start_fails_the_start_instead_of_hanging(
         RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
     assert all(g["state"] == "REMOVED" for g in _groups())
     assert not torch.distributed.is_initialized()
+
+
+def test_rank_zeros_reserved_gpu_maps_through_its_own_visible_devices() -> None:
+    """The GPU id Ray reports for rank 0's bundle is a raylet-wide id: without our own
+    CUDA_VISIBLE_DEVICES it is torch's index, with it the id's place in that list."""
+    from rollyard.train.ray_ranks import cuda_index
+
+    assert cuda_index("3", None) == 3
+    assert cuda_index("3", "") == 3
+    assert cuda_index("3", "2,3") == 1
+    with pytest.raises(TrainError, match=r"GPU 5 .*CUDA_VISIBLE_DEVICES=2,3"):
+        cuda_index("5", "2,3")

@@ -79,9 +79,10 @@ def rank_store(rank: int, world: int, addr: str, port: int) -> dist.TCPStore:
     )
 
 
-def _init(rank: int, world: int, store: dist.TCPStore, backend: str) -> None:
+def _init(rank: int, world: int, store: dist.TCPStore, backend: str, device: int | None = None) -> None:
+    """Join the group; ``device``: the CUDA index Ray reserved for rank 0 (else ``rank_device``)."""
     if backend == "nccl":
-        torch.cuda.set_device(rank_device())
+        torch.cuda.set_device(rank_device() if device is None else device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
@@ -153,6 +154,7 @@ class Workers(Protocol):
     """Ranks 1..N-1, however they were started: fed commands, answering each with a digest."""
 
     kind: str  # "local" or "ray": where they run (reported in the trainer phase and metrics)
+    head_gpu: int | None  # rank 0's CUDA index when the workers reserved one for it (Ray)
 
     def send(self, cmd: str, arg: Any) -> None: ...
 
@@ -171,6 +173,7 @@ class PipeWorkers:
     """Ranks spawned on this host, one pipe each; rendezvous on loopback."""
 
     kind = "local"
+    head_gpu = None  # rank 0 takes cuda:0, the workers cuda:RANK
 
     def __init__(
         self, world: int, port: int, backend: str, make_model: ModelFactory, config: dict[str, Any]
@@ -264,7 +267,7 @@ class RankGroup:
         try:
             model = make_model()
             self._wait_ready(store)
-            _init(0, world, store, backend)
+            _init(0, world, store, backend, self._workers.head_gpu)
             self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
             self._workers.answers()  # each worker's "joined"
         except BaseException:

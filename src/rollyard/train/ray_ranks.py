@@ -2,12 +2,16 @@
 
 Rank 0 stays in the run's process (it publishes); the workers are ``RankActor`` s, one per bundle
 of a single placement group (``{CPU: trainer.cpus_per_rank, GPU: 1 where CUDA is}``, strategy
-``trainer.ray_strategy``), so the whole world is reserved at once or not at all. They get the same
-commands as spawned ranks (``ranks.answer``) as Ray method calls. The rendezvous is rank 0's node
-address, never loopback, and every rank binds gloo to the interface it reaches rank 0 by (gloo
-otherwise takes the hostname's address, often 127.0.1.1: see ``engines/gloo_pair.py``). A rank
-whose actor or node is lost fails the step with a ``TrainError``: the run stops and
-``rollyard train --resume RUN_DIR`` continues from its last checkpoint.
+``trainer.ray_strategy``), so the whole world is reserved at once or not at all. On GPUs the
+group also holds a bundle ``{GPU: 1}`` pinned to the head node for rank 0: Ray then hands that GPU
+to no other actor (an engine or a rank on cuda:0 beside rank 0 would make nccl fail with
+"Duplicate GPU detected"), and rank 0 uses the GPU id Ray reports for it (untested: no GPU here).
+The workers get the same commands as spawned ranks (``ranks.answer``) as Ray method calls. The
+rendezvous is rank 0's node address, never loopback, and every rank binds gloo to the interface
+it reaches rank 0 by (gloo otherwise takes the hostname's address, often 127.0.1.1: see
+``engines/gloo_pair.py``). A rank whose actor or node is lost fails the step with a
+``TrainError``: the run stops and ``rollyard train --resume RUN_DIR`` continues from its last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -45,6 +49,27 @@ def bind_gloo(address: str) -> None:
         if ip == address:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
             return
+
+
+def cuda_index(gpu_id: str, visible: str | None) -> int:
+    """This process's CUDA index of the GPU Ray calls ``gpu_id``: its place in our own
+    ``CUDA_VISIBLE_DEVICES`` when that is set, else the id itself (torch sees every GPU)."""
+    if not visible:
+        return int(gpu_id)
+    ids = [v.strip() for v in visible.split(",")]
+    if gpu_id not in ids:
+        raise TrainError(
+            f"Ray reserved GPU {gpu_id} for trainer rank 0, but this process sees only "
+            f"CUDA_VISIBLE_DEVICES={visible}: unset it, or start Ray's head node with the same set"
+        )
+    return ids.index(gpu_id)
+
+
+def _bundle_gpu() -> str:
+    """Run in rank 0's bundle: the GPU id Ray reserved there."""
+    import ray
+
+    return str(ray.get_gpu_ids()[0])
 
 
 def _why(e: Exception) -> str:
@@ -111,18 +136,27 @@ class RayWorkers:
 
         gpu = {"GPU": 1} if backend == "nccl" else {}
         bundles = [{"CPU": placement.cpus_per_rank, **gpu} for _ in range(world - 1)]
-        self.group = placement_group(bundles, strategy=placement.strategy)
+        head = [{"GPU": 1, f"node:{addr}": 0.001}] if gpu else []  # rank 0's GPU, on this node
+        self.group = placement_group(head + bundles, strategy=placement.strategy)
         self.actors: list[Any] = []
         self._pending: list[tuple[int, Any]] = []
+        self.head_gpu: int | None = None  # rank 0's CUDA index (None: CPU, or the default device)
         if not self.group.wait(timeout_seconds=placement.timeout_s):
             self.stop()
             raise TrainError(
                 f"Ray could not reserve {world - 1} trainer rank bundle(s) {bundles[0]} "
+                f"{'and one GPU on this node for rank 0 ' if head else ''}"
                 f"({placement.strategy}) within {placement.timeout_s:.0f} s: see `ray status`"
             )
+        if head:
+            where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=0)
+            probe = ray.remote(_bundle_gpu).options(scheduling_strategy=where, num_cpus=0, num_gpus=1)
+            gpu_id = ray.get(probe.remote(), timeout=placement.timeout_s)
+            self.head_gpu = cuda_index(gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
         remote = ray.remote(RankActor)
         for rank in range(1, world):
-            where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=rank - 1)
+            index = rank - 1 + len(head)
+            where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
             options = dict(num_cpus=placement.cpus_per_rank, num_gpus=len(gpu), max_restarts=0)
             actor = remote.options(scheduling_strategy=where, **options).remote(
                 rank, world, addr, port, backend, make_model, config
