@@ -190,6 +190,15 @@ def test_trainer_placement_chooses_where_ranks_run() -> None:
         builtin_config("quick", {"trainer.ray_strategy": "RANDOM"})
 
 
+def test_trainer_collective_timeout_is_checked_and_kept_out_of_the_train_config() -> None:
+    cfg = builtin_config("quick", {"trainer.collective_timeout_s": 5})
+    assert cfg.trainer.collective_timeout_s == 5
+    assert "collective_timeout_s" not in cfg.trainer.train_config().model_dump()
+    for bad in (0, -1, 10**6):
+        with pytest.raises(ConfigError, match="collective_timeout_s"):
+            builtin_config("quick", {"trainer.collective_timeout_s": bad})
+
+
 def test_rollyard_train_refuses_to_run_as_one_of_torchruns_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     from rollyard.rollout.entry import run_training
 

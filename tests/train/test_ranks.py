@@ -120,3 +120,20 @@ def test_a_spawned_rank_that_cannot_load_its_model_fails_the_start_instead_of_ha
     with pytest.raises(TrainError, match="trainer rank 1 is gone"):
         RankGroup(make, TrainConfig(), world=2)
     assert not torch.distributed.is_initialized()
+
+
+def test_a_collective_a_rank_never_meets_fails_after_the_groups_timeout(tiny_model_dir: Path) -> None:
+    """``collective_timeout_s`` reaches the group: rank 0 alone in an all-reduce (its worker waits
+    for a command) fails in about that time instead of torch's 30 minutes."""
+    import time
+
+    make = functools.partial(tiny_policy, tiny_model_dir)
+    group = RankGroup(make, TrainConfig(), world=2, collective_timeout_s=2.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            torch.distributed.all_reduce(torch.ones(1))
+        elapsed = time.monotonic() - t0
+    finally:
+        group.close()
+    assert 1.5 < elapsed < 20

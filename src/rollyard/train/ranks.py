@@ -47,6 +47,7 @@ ModelFactory = Callable[[], torch.nn.Module]
 LOOPBACK = "127.0.0.1"  # the rendezvous of ranks that all run on this host
 JOIN_S = 600.0  # for every worker rank to load its model and dial rank 0's store
 CHECK_S = 10.0  # how long rank 0, whose collective failed, waits to hear which rank was lost
+COLLECTIVE_S = 600.0  # a collective's timeout (``trainer.collective_timeout_s``; torch's is 30 min)
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -79,11 +80,15 @@ def rank_store(rank: int, world: int, addr: str, port: int) -> dist.TCPStore:
     )
 
 
-def _init(rank: int, world: int, store: dist.TCPStore, backend: str, device: int | None = None) -> None:
-    """Join the group; ``device``: the CUDA index Ray reserved for rank 0 (else ``rank_device``)."""
+def _init(
+    rank: int, world: int, store: dist.TCPStore, backend: str, timeout_s: float, device: int | None = None
+) -> None:
+    """Join the group, whose collectives fail after ``timeout_s`` when a rank does not meet them;
+    ``device``: the CUDA index Ray reserved for rank 0 (else ``rank_device``)."""
     if backend == "nccl":
         torch.cuda.set_device(rank_device() if device is None else device)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def start_rank(
@@ -94,6 +99,7 @@ def start_rank(
     backend: str,
     make_model: ModelFactory,
     config: dict[str, Any],
+    timeout_s: float = COLLECTIVE_S,
 ) -> Trainer:
     """A rank > 0 builds its model, says it is ready, and joins the group (collective with rank
     0's ``Trainer``). What can fail alone (the model's files) fails before the rendezvous, where
@@ -102,7 +108,7 @@ def start_rank(
     model = make_model()
     store = rank_store(rank, world, addr, port)
     store.set(f"ready{rank}", "1")
-    _init(rank, world, store, backend)
+    _init(rank, world, store, backend, timeout_s)
     return Trainer(model, TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True))
 
 
@@ -134,11 +140,12 @@ def _worker(
     backend: str,
     make_model: ModelFactory,
     config: dict[str, Any],
+    timeout_s: float,
     pipe: Any,
 ) -> None:
     """A spawned rank > 0: the same trainer, fed the same commands over a pipe until "stop"."""
     rank_env(rank, world, LOOPBACK, port, rank)
-    trainer = start_rank(rank, world, LOOPBACK, port, backend, make_model, config)
+    trainer = start_rank(rank, world, LOOPBACK, port, backend, make_model, config, timeout_s)
     pipe.send(("ok", "joined"))
     try:
         while True:
@@ -176,14 +183,20 @@ class PipeWorkers:
     head_gpu = None  # rank 0 takes cuda:0, the workers cuda:RANK
 
     def __init__(
-        self, world: int, port: int, backend: str, make_model: ModelFactory, config: dict[str, Any]
+        self,
+        world: int,
+        port: int,
+        backend: str,
+        make_model: ModelFactory,
+        config: dict[str, Any],
+        timeout_s: float,
     ) -> None:
         ctx = mp.get_context("spawn")
         self._pipes: list[Any] = []
         self._procs: list[Any] = []
         for rank in range(1, world):
             here, there = ctx.Pipe()
-            args = (rank, world, port, backend, make_model, config, there)
+            args = (rank, world, port, backend, make_model, config, timeout_s, there)
             proc = ctx.Process(target=_worker, args=args, daemon=True, name=f"rollyard-rank{rank}")
             proc.start()
             self._pipes.append(here)
@@ -245,7 +258,13 @@ class RankGroup:
     """Rank 0's trainer plus the worker ranks (spawned here, or Ray actors); ``close`` stops them."""
 
     def __init__(
-        self, make_model: ModelFactory, config: TrainConfig, world: int, ray: RayPlacement | None = None
+        self,
+        make_model: ModelFactory,
+        config: TrainConfig,
+        world: int,
+        ray: RayPlacement | None = None,
+        *,
+        collective_timeout_s: float = COLLECTIVE_S,
     ) -> None:
         if world < 1:
             raise TrainError("a rank group needs world_size >= 1")
@@ -257,17 +276,18 @@ class RankGroup:
         if ray is None or world == 1:
             addr = LOOPBACK
             port, store = _serve_store(world, addr)
-            self._workers = PipeWorkers(world, port, backend, make_model, spec)
+            self._workers = PipeWorkers(world, port, backend, make_model, spec, collective_timeout_s)
         else:
             from rollyard.train.ray_ranks import RayWorkers, head_address
 
             addr = head_address()  # routable: ranks may sit on other nodes
             port, store = _serve_store(world, addr)
-            self._workers = RayWorkers(ray, world, addr, port, backend, make_model, spec)
+            args = (backend, make_model, spec, collective_timeout_s)
+            self._workers = RayWorkers(ray, world, addr, port, *args)
         try:
             model = make_model()
             self._wait_ready(store)
-            _init(0, world, store, backend, self._workers.head_gpu)
+            _init(0, world, store, backend, collective_timeout_s, self._workers.head_gpu)
             self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
             self._workers.answers()  # each worker's "joined"
         except BaseException:

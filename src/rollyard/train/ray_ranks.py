@@ -94,8 +94,9 @@ class RankActor:
         backend: str,
         make_model: ModelFactory,
         config: dict[str, Any],
+        timeout_s: float,
     ) -> None:
-        self.args = (rank, world, addr, port, backend, make_model, config)
+        self.args = (rank, world, addr, port, backend, make_model, config, timeout_s)
         self.trainer: Any = None
 
     def join(self) -> tuple[str, str]:
@@ -129,6 +130,7 @@ class RayWorkers:
         backend: str,
         make_model: ModelFactory,
         config: dict[str, Any],
+        timeout_s: float,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -159,7 +161,7 @@ class RayWorkers:
             where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
             options = dict(num_cpus=placement.cpus_per_rank, num_gpus=len(gpu), max_restarts=0)
             actor = remote.options(scheduling_strategy=where, **options).remote(
-                rank, world, addr, port, backend, make_model, config
+                rank, world, addr, port, backend, make_model, config, timeout_s
             )
             self.actors.append(actor)
         self._pending = [(rank, a.join.remote()) for rank, a in enumerate(self.actors, start=1)]
