@@ -8,6 +8,7 @@ import functools
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,22 @@ def test_a_rank_actor_that_cannot_start_fails_the_start_instead_of_hanging(
     make = functools.partial(tiny_policy, tiny_model_dir)
     with pytest.raises(TrainError, match=r"trainer rank 1 .*test_ranks"):
         RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
+    assert all(g["state"] == "REMOVED" for g in _groups())
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_failed_start_on_rank_0_kills_the_waiting_rank_actors_at_once(
+    local_ray: None, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The actor waits in the rendezvous inside ``join``, so a ``stop`` call would queue behind
+    it (60 s, then killed): an actor that never joined is killed at once."""
+    from test_ranks import fail_rank_0_at_the_rendezvous
+
+    failed = fail_rank_0_at_the_rendezvous(monkeypatch)
+    make = functools.partial(load_policy, tiny_model_dir)
+    with pytest.raises(TrainError, match="rank 0 could not load"):
+        RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
+    assert time.monotonic() - failed[0] < 10
     assert all(g["state"] == "REMOVED" for g in _groups())
     assert not torch.distributed.is_initialized()
 

@@ -47,6 +47,7 @@ ModelFactory = Callable[[], torch.nn.Module]
 LOOPBACK = "127.0.0.1"  # the rendezvous of ranks that all run on this host
 JOIN_S = 600.0  # for every worker rank to load its model and dial rank 0's store
 CHECK_S = 10.0  # how long rank 0, whose collective failed, waits to hear which rank was lost
+STOP_UNJOINED_S = 2.0  # rank 0's last wait on workers killed before they joined
 COLLECTIVE_S = 600.0  # a collective's timeout (``trainer.collective_timeout_s``; torch's is 30 min)
 
 
@@ -192,6 +193,7 @@ class PipeWorkers:
         timeout_s: float,
     ) -> None:
         ctx = mp.get_context("spawn")
+        self.joined = False  # every worker answered "joined" (until then they may wait in the rendezvous)
         self._pipes: list[Any] = []
         self._procs: list[Any] = []
         for rank in range(1, world):
@@ -213,6 +215,7 @@ class PipeWorkers:
                 out.append(p.recv())
             except (EOFError, OSError):
                 raise TrainError(f"trainer rank {rank} is gone (its process exited)") from None
+        self.joined = True
         return out
 
     def check(self, timeout_s: float) -> None:
@@ -224,6 +227,15 @@ class PipeWorkers:
                 raise TrainError(f"trainer rank {rank} is gone (exit code {proc.exitcode})")
 
     def stop(self) -> None:
+        """Joined workers leave the group on "stop"; before that (a failed start) they may be
+        blocked in the rendezvous, where they never read it: killed at once."""
+        if not self.joined:
+            for proc in self._procs:
+                proc.kill()
+            leave_group(timeout_s=STOP_UNJOINED_S)  # rank 0 may be in the group, its peers gone
+            for proc in self._procs:
+                proc.join(timeout=STOP_UNJOINED_S)
+            return
         for p in self._pipes:
             with contextlib.suppress(BrokenPipeError, OSError):
                 p.send(("stop", None))

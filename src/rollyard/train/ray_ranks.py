@@ -25,7 +25,7 @@ from rollyard.core.errors import TrainError
 from rollyard.core.net import interface_addresses
 from rollyard.engines.gloo_pair import route_address
 from rollyard.train.distributed import leave_group
-from rollyard.train.ranks import ModelFactory, RayPlacement, answer, rank_env, start_rank
+from rollyard.train.ranks import STOP_UNJOINED_S, ModelFactory, RayPlacement, answer, rank_env, start_rank
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,7 @@ class RayWorkers:
         self.group = placement_group(head + bundles, strategy=placement.strategy)
         self.actors: list[Any] = []
         self._pending: list[tuple[int, Any]] = []
+        self.joined = False  # every actor's join answered (until then they may wait in the rendezvous)
         self.head_gpu: int | None = None  # rank 0's CUDA index (None: CPU, or the default device)
         if not self.group.wait(timeout_seconds=placement.timeout_s):
             self.stop()
@@ -184,7 +185,8 @@ class RayWorkers:
     def answers(self) -> list[tuple[str, str]]:
         pending, self._pending = self._pending, []
         out = [self._get(rank, ref) for rank, ref in pending]
-        if not self.nodes:  # the first answers are the joins: which node each rank runs on
+        if not self.joined:  # the first answers are the joins: which node each rank runs on
+            self.joined = True
             self.nodes = {node for status, node in out if status == "ok"}
             log.info("trainer rank actors joined nodes=%s", sorted(self.nodes))
         return out
@@ -199,11 +201,18 @@ class RayWorkers:
                 self._get(rank, ref)
 
     def stop(self) -> None:
-        """The actors leave the group with rank 0, are killed, and the placement group removed."""
+        """The actors leave the group with rank 0, are killed, and the placement group removed.
+        Actors that have not joined (a failed start) may be blocked in the rendezvous, where a
+        ``stop`` call would queue behind ``join``: they are killed at once."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        refs = [a.stop.remote() for a in self.actors]
+        refs = [a.stop.remote() for a in self.actors] if self.joined else []
+        if not self.joined:
+            for a in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a)
+            leave_group(timeout_s=STOP_UNJOINED_S)  # rank 0 may be in the group, its peers gone
         if refs:
             leave_group()
             with contextlib.suppress(ray.exceptions.RayError):
