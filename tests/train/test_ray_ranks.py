@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -42,13 +43,20 @@ def _groups() -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["fsdp2", "replicate"])
 def test_rank_actor_in_a_placement_group_trains_the_single_trainers_step(
-    local_ray: None, tiny_model_dir: Path, kind: str, caplog: pytest.LogCaptureFixture
+    local_ray: None,
+    tiny_model_dir: Path,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.INFO, logger="rollyard.train.ranks")
     cfg = TrainConfig(lr=1e-3, parallel={"kind": kind})
     make = functools.partial(load_policy, tiny_model_dir)  # importable on the actor's side
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     group = RankGroup(make, cfg, world=2, ray=RayPlacement(cpus_per_rank=1))
     try:
+        # rank 0's gloo interface was bound for its groups only: engines started now inherit none
+        assert "GLOO_SOCKET_IFNAME" not in os.environ
         assert group.placement == "ray"
         (pg,) = [g for g in _groups() if g["state"] == "CREATED"]  # one group, one bundle for rank 1
         assert list(pg["bundles"].values()) == [{"CPU": 1.0}] and pg["strategy"] == "PACK"
@@ -64,6 +72,7 @@ def test_rank_actor_in_a_placement_group_trains_the_single_trainers_step(
         ranked = _weights(group.model)
     finally:
         group.close()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
     assert all(g["state"] == "REMOVED" for g in _groups())
     single = Trainer(make(), cfg)
     single.train_step(_samples())
@@ -126,3 +135,18 @@ def test_rank_zeros_reserved_gpu_maps_through_its_own_visible_devices() -> None:
     assert cuda_index("3", "2,3") == 1
     with pytest.raises(TrainError, match=r"GPU 5 .*CUDA_VISIBLE_DEVICES=2,3"):
         cuda_index("5", "2,3")
+
+
+def test_a_pre_set_gloo_interface_is_kept_and_no_interface_is_warned(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rollyard.train.ray_ranks import gloo_interface
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine0")
+    with gloo_interface("127.0.0.1"):
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "mine0"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "mine0"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    with gloo_interface("203.0.113.9"):  # TEST-NET-3: on no interface here
+        assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert "no network interface holds 203.0.113.9" in caplog.text

@@ -285,22 +285,25 @@ class RankGroup:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         spec = config.model_dump(mode="json")
         self._workers: Workers
+        bound: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if ray is None or world == 1:
             addr = LOOPBACK
             port, store = _serve_store(world, addr)
             self._workers = PipeWorkers(world, port, backend, make_model, spec, collective_timeout_s)
         else:
-            from rollyard.train.ray_ranks import RayWorkers, head_address
+            from rollyard.train.ray_ranks import RayWorkers, gloo_interface, head_address
 
             addr = head_address()  # routable: ranks may sit on other nodes
+            bound = gloo_interface(addr)  # for rank 0's groups only, not the run's other children
             port, store = _serve_store(world, addr)
             args = (backend, make_model, spec, collective_timeout_s)
             self._workers = RayWorkers(ray, world, addr, port, *args)
         try:
             model = make_model()
             self._wait_ready(store)
-            _init(0, world, store, backend, collective_timeout_s, self._workers.head_gpu)
-            self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
+            with bound:  # every group rank 0 makes: the default one, FSDP's meshes
+                _init(0, world, store, backend, collective_timeout_s, self._workers.head_gpu)
+                self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
             self._workers.answers()  # each worker's "joined"
         except BaseException:
             self._workers.stop()

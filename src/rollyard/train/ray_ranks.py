@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from rollyard.core.errors import TrainError
@@ -33,22 +34,40 @@ STOP_S = 60.0  # for the actors to leave the group before they are killed
 
 
 def head_address() -> str:
-    """Rank 0's rendezvous address: this node's address as Ray knows it (other nodes reach it);
-    gloo in this process is bound to its interface."""
+    """Rank 0's rendezvous address: this node's address as Ray knows it (other nodes reach it)."""
     import ray
 
-    addr = str(ray.util.get_node_ip_address())
-    bind_gloo(addr)
-    return addr
+    return str(ray.util.get_node_ip_address())
+
+
+@contextlib.contextmanager
+def gloo_interface(address: str) -> Iterator[None]:
+    """While it lasts, gloo groups made in this process (``init_process_group`` and FSDP's
+    meshes) use the interface holding ``address``; the variable is then restored, so engines,
+    sandboxes and later groups do not inherit it. A ``GLOO_SOCKET_IFNAME`` already set is kept."""
+    before = os.environ.get("GLOO_SOCKET_IFNAME")
+    if before is None:
+        bind_gloo(address)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
 
 
 def bind_gloo(address: str) -> None:
-    """Make gloo's default device (every group torch makes here, FSDP's meshes included) use the
-    interface holding ``address``; a ``GLOO_SOCKET_IFNAME`` already set is kept."""
+    """Make gloo's default device use the interface holding ``address`` in this process (a rank
+    actor's own); a ``GLOO_SOCKET_IFNAME`` already set is kept. No such interface: gloo picks
+    the hostname's address, which other nodes may not reach: warned."""
     for name, ip in interface_addresses().items():
         if ip == address:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
             return
+    log.warning(
+        "no network interface holds %s (the address Ray gives this node): gloo binds the "
+        "hostname's address, which other ranks may not reach; set GLOO_SOCKET_IFNAME",
+        address,
+    )
 
 
 def cuda_index(gpu_id: str, visible: str | None) -> int:
