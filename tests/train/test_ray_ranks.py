@@ -83,10 +83,13 @@ def test_rank_actor_in_a_placement_group_trains_the_single_trainers_step(
 
 def test_a_lost_rank_actor_fails_the_step_with_a_train_error(local_ray: None, tiny_model_dir: Path) -> None:
     make = functools.partial(load_policy, tiny_model_dir)  # importable on the actor's side
-    group = RankGroup(make, TrainConfig(lr=1e-3), world=2, ray=RayPlacement(cpus_per_rank=1))
+    group = RankGroup(make, TrainConfig(lr=1e-3), world=2, ray=RayPlacement(cpus_per_rank=2))
     try:
         group.train_step(_samples())
-        ray.kill(group._workers.actors[0])  # type: ignore[attr-defined]
+        (actor,) = group._workers.actors  # type: ignore[attr-defined]
+        # the rank trains on the CPUs its bundle reserved (trainer.cpus_per_rank), not one thread
+        assert ray.get(actor.__ray_call__.remote(lambda _: torch.get_num_threads())) == 2
+        ray.kill(actor)
         with pytest.raises(TrainError, match=r"trainer rank 1 .*lost.*--resume"):
             group.train_step(_samples(1))
     finally:

@@ -101,11 +101,13 @@ def start_rank(
     make_model: ModelFactory,
     config: dict[str, Any],
     timeout_s: float = COLLECTIVE_S,
+    threads: int = 1,
 ) -> Trainer:
     """A rank > 0 builds its model, says it is ready, and joins the group (collective with rank
     0's ``Trainer``). What can fail alone (the model's files) fails before the rendezvous, where
-    rank 0 sees this rank gone rather than waiting in a collective for it."""
-    torch.set_num_threads(1)
+    rank 0 sees this rank gone rather than waiting in a collective for it. ``threads``: torch's
+    intra-op threads, 1 for ranks sharing this host, the CPUs Ray reserved for a rank actor."""
+    torch.set_num_threads(threads)
     model = make_model()
     store = rank_store(rank, world, addr, port)
     store.set(f"ready{rank}", "1")

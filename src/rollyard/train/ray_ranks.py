@@ -114,8 +114,10 @@ class RankActor:
         make_model: ModelFactory,
         config: dict[str, Any],
         timeout_s: float,
+        threads: int,
     ) -> None:
         self.args = (rank, world, addr, port, backend, make_model, config, timeout_s)
+        self.threads = threads  # the CPUs its bundle reserved (``trainer.cpus_per_rank``)
         self.trainer: Any = None
 
     def join(self) -> tuple[str, str]:
@@ -125,7 +127,7 @@ class RankActor:
         own = route_address(addr)
         bind_gloo(own)
         rank_env(rank, world, addr, port, local_rank=0)  # Ray gives each actor its own GPU as cuda:0
-        self.trainer = start_rank(*self.args)
+        self.trainer = start_rank(*self.args, threads=self.threads)
         return ("ok", own)
 
     def run(self, cmd: str, arg: Any) -> tuple[str, str]:
@@ -176,12 +178,13 @@ class RayWorkers:
             gpu_id = ray.get(probe.remote(), timeout=placement.timeout_s)
             self.head_gpu = cuda_index(gpu_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
         remote = ray.remote(RankActor)
+        threads = max(1, int(placement.cpus_per_rank))
         for rank in range(1, world):
             index = rank - 1 + len(head)
             where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
             options = dict(num_cpus=placement.cpus_per_rank, num_gpus=len(gpu), max_restarts=0)
             actor = remote.options(scheduling_strategy=where, **options).remote(
-                rank, world, addr, port, backend, make_model, config, timeout_s
+                rank, world, addr, port, backend, make_model, config, timeout_s, threads
             )
             self.actors.append(actor)
         self._pending = [(rank, a.join.remote()) for rank, a in enumerate(self.actors, start=1)]
