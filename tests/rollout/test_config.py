@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rollyard.core.errors import ConfigError
-from rollyard.rollout.config import builtin_config, dump_config, load_config
+from rollyard.rollout.config import Config, builtin_config, dump_config, load_config
 from rollyard.rollout.entry import parse_overrides
 
 
@@ -206,3 +206,28 @@ def test_rollyard_train_refuses_to_run_as_one_of_torchruns_ranks(monkeypatch: py
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size"):
         run_training(Path("quick"), None, None, None, {})
+
+
+def test_a_resumed_run_may_move_its_ranks_but_not_onto_ray_without_an_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollyard.rollout import entry
+    from rollyard.rollout.rundir import RunDir
+
+    RunDir(tmp_path).create(builtin_config("quick", {"ray.address": "local"}))
+    seen: list[Config] = []
+    monkeypatch.setattr(entry, "_execute", lambda cfg, run, resume: seen.append(cfg) or {})
+    moved = {
+        "trainer.world_size": 2,
+        "trainer.cpus_per_rank": 2,
+        "trainer.ray_strategy": "SPREAD",
+        "trainer.collective_timeout_s": 120,
+    }
+    entry.run_training(None, None, tmp_path, None, moved)
+    t = seen[0].trainer
+    assert (t.world_size, t.cpus_per_rank, t.ray_strategy, t.collective_timeout_s) == (2, 2, "SPREAD", 120)
+    assert seen[0].ranks_on_ray
+
+    RunDir(tmp_path / "cpu").create(builtin_config("quick"))  # started without Ray
+    with pytest.raises(ConfigError, match=r"resumed run keeps the ray\.address it was started with"):
+        entry.run_training(None, None, tmp_path / "cpu", None, {"trainer.placement": "ray"})

@@ -262,7 +262,10 @@ class Config(Section):
     @model_validator(mode="after")
     def _ranks_on_ray(self) -> Config:
         if self.trainer.placement == "ray" and not self.ray.address:
-            raise ValueError("trainer.placement: ray needs ray.address (or --ray)")
+            raise ValueError(
+                "trainer.placement: ray needs ray.address (or --ray on a new run; a resumed run keeps "
+                "the ray.address it was started with, so resume with placement ray only a run started on Ray)"
+            )
         return self
 
     @property
