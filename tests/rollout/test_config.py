@@ -204,7 +204,9 @@ def test_rollyard_train_refuses_to_run_as_one_of_torchruns_ranks(monkeypatch: py
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size"):
+    with pytest.raises(
+        ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size.*env -u RANK -u WORLD_SIZE"
+    ):
         run_training(Path("quick"), None, None, None, {})
 
 

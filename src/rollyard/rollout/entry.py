@@ -95,7 +95,8 @@ def _not_a_torchrun_rank() -> None:
         raise ConfigError(
             f"rollyard train is running as rank {os.environ['RANK']} of WORLD_SIZE={world} (torchrun?): "
             "start it once and set trainer.world_size (and trainer.placement: ray with --ray for "
-            "ranks on other nodes); it starts the ranks itself"
+            "ranks on other nodes); it starts the ranks itself. If these variables are left over "
+            "from another job, run it without them: env -u RANK -u WORLD_SIZE rollyard train ..."
         )
 
 
