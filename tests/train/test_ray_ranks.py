@@ -153,3 +153,16 @@ def test_a_pre_set_gloo_interface_is_kept_and_no_interface_is_warned(
     with gloo_interface("203.0.113.9"):  # TEST-NET-3: on no interface here
         assert "GLOO_SOCKET_IFNAME" not in os.environ
     assert "no network interface holds 203.0.113.9" in caplog.text
+
+
+def test_an_actor_that_cannot_be_created_leaves_no_placement_group(
+    local_ray: None, tiny_model_dir: Path
+) -> None:
+    """Ray refuses to send the actor's arguments (a lock cannot be pickled): the group reserved
+    for it is removed, not left holding the cluster's CPUs."""
+    import threading
+
+    make = functools.partial(load_policy, tiny_model_dir, lock=threading.Lock())
+    with pytest.raises(TypeError, match="pickle"):
+        RankGroup(make, TrainConfig(), world=2, ray=RayPlacement(cpus_per_rank=1))
+    assert _groups() and all(g["state"] == "REMOVED" for g in _groups())

@@ -153,9 +153,7 @@ class RayWorkers:
         config: dict[str, Any],
         timeout_s: float,
     ) -> None:
-        import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpu = {"GPU": 1} if backend == "nccl" else {}
         bundles = [{"CPU": placement.cpus_per_rank, **gpu} for _ in range(world - 1)]
@@ -165,14 +163,26 @@ class RayWorkers:
         self._pending: list[tuple[int, Any]] = []
         self.joined = False  # every actor's join answered (until then they may wait in the rendezvous)
         self.head_gpu: int | None = None  # rank 0's CUDA index (None: CPU, or the default device)
-        if not self.group.wait(timeout_seconds=placement.timeout_s):
+        self.nodes: set[str] = set()  # the addresses the workers joined from (their nodes)
+        try:  # whatever fails (no room, an actor's arguments that cannot be sent) leaves nothing
+            self._start(placement, world, len(head), (addr, port, backend, make_model, config, timeout_s))
+        except BaseException:
             self.stop()
+            raise
+
+    def _start(self, placement: RayPlacement, world: int, heads: int, args: tuple[Any, ...]) -> None:
+        """Wait for the bundles, find rank 0's GPU (``heads``: 1 on GPUs), start and join the actors."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if not self.group.wait(timeout_seconds=placement.timeout_s):
+            bundle = {"CPU": placement.cpus_per_rank, **({"GPU": 1} if heads else {})}
             raise TrainError(
-                f"Ray could not reserve {world - 1} trainer rank bundle(s) {bundles[0]} "
-                f"{'and one GPU on this node for rank 0 ' if head else ''}"
+                f"Ray could not reserve {world - 1} trainer rank bundle(s) {bundle} "
+                f"{'and one GPU on this node for rank 0 ' if heads else ''}"
                 f"({placement.strategy}) within {placement.timeout_s:.0f} s: see `ray status`"
             )
-        if head:
+        if heads:
             where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=0)
             probe = ray.remote(_bundle_gpu).options(scheduling_strategy=where, num_cpus=0, num_gpus=1)
             gpu_id = ray.get(probe.remote(), timeout=placement.timeout_s)
@@ -180,15 +190,12 @@ class RayWorkers:
         remote = ray.remote(RankActor)
         threads = max(1, int(placement.cpus_per_rank))
         for rank in range(1, world):
-            index = rank - 1 + len(head)
+            index = rank - 1 + heads  # rank 0's GPU bundle comes first
             where = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
-            options = dict(num_cpus=placement.cpus_per_rank, num_gpus=len(gpu), max_restarts=0)
-            actor = remote.options(scheduling_strategy=where, **options).remote(
-                rank, world, addr, port, backend, make_model, config, timeout_s, threads
-            )
+            options = dict(num_cpus=placement.cpus_per_rank, num_gpus=heads, max_restarts=0)
+            actor = remote.options(scheduling_strategy=where, **options).remote(rank, world, *args, threads)
             self.actors.append(actor)
         self._pending = [(rank, a.join.remote()) for rank, a in enumerate(self.actors, start=1)]
-        self.nodes: set[str] = set()  # the addresses the workers joined from (their nodes)
 
     def send(self, cmd: str, arg: Any) -> None:
         self._pending = [(rank, a.run.remote(cmd, arg)) for rank, a in enumerate(self.actors, start=1)]
