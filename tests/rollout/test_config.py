@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rollyard.core.errors import ConfigError
-from rollyard.rollout.config import builtin_config, dump_config, load_config
+from rollyard.rollout.config import Config, builtin_config, dump_config, load_config
 from rollyard.rollout.entry import parse_overrides
 
 
@@ -190,10 +190,46 @@ def test_trainer_placement_chooses_where_ranks_run() -> None:
         builtin_config("quick", {"trainer.ray_strategy": "RANDOM"})
 
 
+def test_trainer_collective_timeout_is_checked_and_kept_out_of_the_train_config() -> None:
+    cfg = builtin_config("quick", {"trainer.collective_timeout_s": 5})
+    assert cfg.trainer.collective_timeout_s == 5
+    assert "collective_timeout_s" not in cfg.trainer.train_config().model_dump()
+    for bad in (0, -1, 10**6):
+        with pytest.raises(ConfigError, match="collective_timeout_s"):
+            builtin_config("quick", {"trainer.collective_timeout_s": bad})
+
+
 def test_rollyard_train_refuses_to_run_as_one_of_torchruns_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     from rollyard.rollout.entry import run_training
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size"):
+    with pytest.raises(
+        ConfigError, match=r"rank 1 of WORLD_SIZE=2 .*trainer\.world_size.*env -u RANK -u WORLD_SIZE"
+    ):
         run_training(Path("quick"), None, None, None, {})
+
+
+def test_a_resumed_run_may_move_its_ranks_but_not_onto_ray_without_an_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollyard.rollout import entry
+    from rollyard.rollout.rundir import RunDir
+
+    RunDir(tmp_path).create(builtin_config("quick", {"ray.address": "local"}))
+    seen: list[Config] = []
+    monkeypatch.setattr(entry, "_execute", lambda cfg, run, resume: seen.append(cfg) or {})
+    moved = {
+        "trainer.world_size": 2,
+        "trainer.cpus_per_rank": 2,
+        "trainer.ray_strategy": "SPREAD",
+        "trainer.collective_timeout_s": 120,
+    }
+    entry.run_training(None, None, tmp_path, None, moved)
+    t = seen[0].trainer
+    assert (t.world_size, t.cpus_per_rank, t.ray_strategy, t.collective_timeout_s) == (2, 2, "SPREAD", 120)
+    assert seen[0].ranks_on_ray
+
+    RunDir(tmp_path / "cpu").create(builtin_config("quick"))  # started without Ray
+    with pytest.raises(ConfigError, match=r"resumed run keeps the ray\.address it was started with"):
+        entry.run_training(None, None, tmp_path / "cpu", None, {"trainer.placement": "ray"})

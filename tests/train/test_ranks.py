@@ -4,8 +4,11 @@ trainer gets from the same batch, and their sharded checkpoints load at another 
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -117,6 +120,56 @@ def test_a_spawned_rank_that_cannot_load_its_model_fails_the_start_instead_of_ha
     tiny_model_dir: Path,
 ) -> None:
     make = functools.partial(policy_rank_0_only, tiny_model_dir)
+    t0 = time.monotonic()
     with pytest.raises(TrainError, match="trainer rank 1 is gone"):
         RankGroup(make, TrainConfig(), world=2)
+    assert time.monotonic() - t0 < 30  # spawn and load included; no wait on the rendezvous
     assert not torch.distributed.is_initialized()
+
+
+def fail_rank_0_at_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Rank 0 fails just as it would join (its own load failing, say), while its workers already
+    wait in ``init_process_group``; returns the list the failure's time is put in. Patched in
+    this process only: spawned ranks and Ray actors import the real ``_init``."""
+    from rollyard.train import ranks
+
+    failed: list[float] = []
+    real = ranks._init
+
+    def init(rank: int, *args: Any, **kwargs: Any) -> None:
+        if rank == 0:
+            time.sleep(1.0)  # the workers reach the rendezvous first
+            failed.append(time.monotonic())
+            raise TrainError("rank 0 could not load its model")
+        real(rank, *args, **kwargs)
+
+    monkeypatch.setattr(ranks, "_init", init)
+    return failed
+
+
+def test_a_failed_start_on_rank_0_stops_the_waiting_workers_at_once(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failed = fail_rank_0_at_the_rendezvous(monkeypatch)
+    with pytest.raises(TrainError, match="rank 0 could not load"):
+        RankGroup(functools.partial(tiny_policy, tiny_model_dir), TrainConfig(), world=3)
+    assert time.monotonic() - failed[0] < 10  # was 30 s a worker (proc.join on "stop")
+    assert not [p for p in mp.active_children() if p.name.startswith("rollyard-rank")]
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_collective_a_rank_never_meets_fails_after_the_groups_timeout(tiny_model_dir: Path) -> None:
+    """``collective_timeout_s`` reaches the group: rank 0 alone in an all-reduce (its worker waits
+    for a command) fails in about that time instead of torch's 30 minutes."""
+    import time
+
+    make = functools.partial(tiny_policy, tiny_model_dir)
+    group = RankGroup(make, TrainConfig(), world=2, collective_timeout_s=2.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):
+            torch.distributed.all_reduce(torch.ones(1))
+        elapsed = time.monotonic() - t0
+    finally:
+        group.close()
+    assert 1.5 < elapsed < 20

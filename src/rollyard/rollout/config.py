@@ -148,9 +148,13 @@ class TrainerConfig(TrainConfig):
     placement: Literal["auto", "local", "ray"] = "auto"
     cpus_per_rank: float = Field(default=1.0, gt=0)
     ray_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    # How long a rank waits in one collective (the rendezvous included) for the others before it
+    # fails; torch's default is 30 minutes, long for a lost rank's node to hold the run.
+    collective_timeout_s: float = Field(default=600.0, gt=0, le=86400)
 
     def train_config(self) -> TrainConfig:
-        local = {"advantages", "masks", "threads", "world_size", "placement", "cpus_per_rank", "ray_strategy"}
+        local = {"advantages", "masks", "threads", "world_size", "placement", "cpus_per_rank"}
+        local |= {"ray_strategy", "collective_timeout_s"}  # where the ranks run, not how they train
         return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
@@ -258,7 +262,10 @@ class Config(Section):
     @model_validator(mode="after")
     def _ranks_on_ray(self) -> Config:
         if self.trainer.placement == "ray" and not self.ray.address:
-            raise ValueError("trainer.placement: ray needs ray.address (or --ray)")
+            raise ValueError(
+                "trainer.placement: ray needs ray.address (or --ray on a new run; a resumed run keeps "
+                "the ray.address it was started with, so resume with placement ray only a run started on Ray)"
+            )
         return self
 
     @property

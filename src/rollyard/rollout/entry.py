@@ -77,6 +77,9 @@ RESUME_KEYS = {
     "run.progress",
     "trainer.world_size",
     "trainer.placement",
+    "trainer.cpus_per_rank",
+    "trainer.ray_strategy",
+    "trainer.collective_timeout_s",
     "trainer.parallel.kind",
     "trainer.activation_checkpointing",
     "trainer.threads",
@@ -92,7 +95,8 @@ def _not_a_torchrun_rank() -> None:
         raise ConfigError(
             f"rollyard train is running as rank {os.environ['RANK']} of WORLD_SIZE={world} (torchrun?): "
             "start it once and set trainer.world_size (and trainer.placement: ray with --ray for "
-            "ranks on other nodes); it starts the ranks itself"
+            "ranks on other nodes); it starts the ranks itself. If these variables are left over "
+            "from another job, run it without them: env -u RANK -u WORLD_SIZE rollyard train ..."
         )
 
 

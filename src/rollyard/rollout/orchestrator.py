@@ -58,7 +58,8 @@ def build_trainer(cfg: Config, model_dir: Path) -> Any:
 
         t = cfg.trainer
         ray = RayPlacement(t.cpus_per_rank, t.ray_strategy) if cfg.ranks_on_ray else None
-        return RankGroup(functools.partial(load_policy, model_dir), train_cfg, t.world_size, ray)
+        make = functools.partial(load_policy, model_dir)
+        return RankGroup(make, train_cfg, t.world_size, ray, collective_timeout_s=t.collective_timeout_s)
     return Trainer(load_policy(model_dir), train_cfg)
 
 

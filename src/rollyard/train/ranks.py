@@ -47,6 +47,8 @@ ModelFactory = Callable[[], torch.nn.Module]
 LOOPBACK = "127.0.0.1"  # the rendezvous of ranks that all run on this host
 JOIN_S = 600.0  # for every worker rank to load its model and dial rank 0's store
 CHECK_S = 10.0  # how long rank 0, whose collective failed, waits to hear which rank was lost
+STOP_UNJOINED_S = 2.0  # rank 0's last wait on workers killed before they joined
+COLLECTIVE_S = 600.0  # a collective's timeout (``trainer.collective_timeout_s``; torch's is 30 min)
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -79,10 +81,15 @@ def rank_store(rank: int, world: int, addr: str, port: int) -> dist.TCPStore:
     )
 
 
-def _init(rank: int, world: int, store: dist.TCPStore, backend: str) -> None:
+def _init(
+    rank: int, world: int, store: dist.TCPStore, backend: str, timeout_s: float, device: int | None = None
+) -> None:
+    """Join the group, whose collectives fail after ``timeout_s`` when a rank does not meet them;
+    ``device``: the CUDA index Ray reserved for rank 0 (else ``rank_device``)."""
     if backend == "nccl":
-        torch.cuda.set_device(rank_device())
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+        torch.cuda.set_device(rank_device() if device is None else device)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def start_rank(
@@ -93,15 +100,18 @@ def start_rank(
     backend: str,
     make_model: ModelFactory,
     config: dict[str, Any],
+    timeout_s: float = COLLECTIVE_S,
+    threads: int = 1,
 ) -> Trainer:
     """A rank > 0 builds its model, says it is ready, and joins the group (collective with rank
     0's ``Trainer``). What can fail alone (the model's files) fails before the rendezvous, where
-    rank 0 sees this rank gone rather than waiting in a collective for it."""
-    torch.set_num_threads(1)
+    rank 0 sees this rank gone rather than waiting in a collective for it. ``threads``: torch's
+    intra-op threads, 1 for ranks sharing this host, the CPUs Ray reserved for a rank actor."""
+    torch.set_num_threads(threads)
     model = make_model()
     store = rank_store(rank, world, addr, port)
     store.set(f"ready{rank}", "1")
-    _init(rank, world, store, backend)
+    _init(rank, world, store, backend, timeout_s)
     return Trainer(model, TrainConfig.model_validate(config), parallel=DataParallel(rank, world, True))
 
 
@@ -133,11 +143,12 @@ def _worker(
     backend: str,
     make_model: ModelFactory,
     config: dict[str, Any],
+    timeout_s: float,
     pipe: Any,
 ) -> None:
     """A spawned rank > 0: the same trainer, fed the same commands over a pipe until "stop"."""
     rank_env(rank, world, LOOPBACK, port, rank)
-    trainer = start_rank(rank, world, LOOPBACK, port, backend, make_model, config)
+    trainer = start_rank(rank, world, LOOPBACK, port, backend, make_model, config, timeout_s)
     pipe.send(("ok", "joined"))
     try:
         while True:
@@ -153,6 +164,7 @@ class Workers(Protocol):
     """Ranks 1..N-1, however they were started: fed commands, answering each with a digest."""
 
     kind: str  # "local" or "ray": where they run (reported in the trainer phase and metrics)
+    head_gpu: int | None  # rank 0's CUDA index when the workers reserved one for it (Ray)
 
     def send(self, cmd: str, arg: Any) -> None: ...
 
@@ -171,16 +183,24 @@ class PipeWorkers:
     """Ranks spawned on this host, one pipe each; rendezvous on loopback."""
 
     kind = "local"
+    head_gpu = None  # rank 0 takes cuda:0, the workers cuda:RANK
 
     def __init__(
-        self, world: int, port: int, backend: str, make_model: ModelFactory, config: dict[str, Any]
+        self,
+        world: int,
+        port: int,
+        backend: str,
+        make_model: ModelFactory,
+        config: dict[str, Any],
+        timeout_s: float,
     ) -> None:
         ctx = mp.get_context("spawn")
+        self.joined = False  # every worker answered "joined" (until then they may wait in the rendezvous)
         self._pipes: list[Any] = []
         self._procs: list[Any] = []
         for rank in range(1, world):
             here, there = ctx.Pipe()
-            args = (rank, world, port, backend, make_model, config, there)
+            args = (rank, world, port, backend, make_model, config, timeout_s, there)
             proc = ctx.Process(target=_worker, args=args, daemon=True, name=f"rollyard-rank{rank}")
             proc.start()
             self._pipes.append(here)
@@ -197,6 +217,7 @@ class PipeWorkers:
                 out.append(p.recv())
             except (EOFError, OSError):
                 raise TrainError(f"trainer rank {rank} is gone (its process exited)") from None
+        self.joined = True
         return out
 
     def check(self, timeout_s: float) -> None:
@@ -208,6 +229,15 @@ class PipeWorkers:
                 raise TrainError(f"trainer rank {rank} is gone (exit code {proc.exitcode})")
 
     def stop(self) -> None:
+        """Joined workers leave the group on "stop"; before that (a failed start) they may be
+        blocked in the rendezvous, where they never read it: killed at once."""
+        if not self.joined:
+            for proc in self._procs:
+                proc.kill()
+            leave_group(timeout_s=STOP_UNJOINED_S)  # rank 0 may be in the group, its peers gone
+            for proc in self._procs:
+                proc.join(timeout=STOP_UNJOINED_S)
+            return
         for p in self._pipes:
             with contextlib.suppress(BrokenPipeError, OSError):
                 p.send(("stop", None))
@@ -242,7 +272,13 @@ class RankGroup:
     """Rank 0's trainer plus the worker ranks (spawned here, or Ray actors); ``close`` stops them."""
 
     def __init__(
-        self, make_model: ModelFactory, config: TrainConfig, world: int, ray: RayPlacement | None = None
+        self,
+        make_model: ModelFactory,
+        config: TrainConfig,
+        world: int,
+        ray: RayPlacement | None = None,
+        *,
+        collective_timeout_s: float = COLLECTIVE_S,
     ) -> None:
         if world < 1:
             raise TrainError("a rank group needs world_size >= 1")
@@ -251,21 +287,25 @@ class RankGroup:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         spec = config.model_dump(mode="json")
         self._workers: Workers
+        bound: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if ray is None or world == 1:
             addr = LOOPBACK
             port, store = _serve_store(world, addr)
-            self._workers = PipeWorkers(world, port, backend, make_model, spec)
+            self._workers = PipeWorkers(world, port, backend, make_model, spec, collective_timeout_s)
         else:
-            from rollyard.train.ray_ranks import RayWorkers, head_address
+            from rollyard.train.ray_ranks import RayWorkers, gloo_interface, head_address
 
             addr = head_address()  # routable: ranks may sit on other nodes
+            bound = gloo_interface(addr)  # for rank 0's groups only, not the run's other children
             port, store = _serve_store(world, addr)
-            self._workers = RayWorkers(ray, world, addr, port, backend, make_model, spec)
+            args = (backend, make_model, spec, collective_timeout_s)
+            self._workers = RayWorkers(ray, world, addr, port, *args)
         try:
             model = make_model()
             self._wait_ready(store)
-            _init(0, world, store, backend)
-            self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
+            with bound:  # every group rank 0 makes: the default one, FSDP's meshes
+                _init(0, world, store, backend, collective_timeout_s, self._workers.head_gpu)
+                self.trainer = Trainer(model, config, parallel=DataParallel(0, world, True))
             self._workers.answers()  # each worker's "joined"
         except BaseException:
             self._workers.stop()

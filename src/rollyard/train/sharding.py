@@ -42,11 +42,12 @@ class ParallelConfig(BaseModel):
 
 
 def rank_device() -> torch.device:
-    """``cuda:LOCAL_RANK`` where CUDA is present (LOCAL_RANK from torchrun, else the global
-    rank: ``RankGroup`` starts every rank on one host), CPU otherwise."""
+    """``cuda:LOCAL_RANK`` where CUDA is present (LOCAL_RANK from torchrun or a worker rank; else
+    the device this process set before joining: rank 0 on Ray takes the GPU Ray reserved for it),
+    CPU otherwise."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    default = dist.get_rank() if dist.is_initialized() else 0
+    default = torch.cuda.current_device() if dist.is_initialized() else 0
     local = int(os.environ.get("LOCAL_RANK", default))
     return torch.device("cuda", local % torch.cuda.device_count())
 
