@@ -33,7 +33,7 @@ from rollyard.sim.workload import Workload
 
 __all__ = ["LEVELS", "gateway_bound"]
 
-LEVELS = (4, 16, 64)  # programs in flight
+LEVELS = (32, 64, 128)  # programs in flight
 MAX_LEN = 65536
 
 
