@@ -84,10 +84,19 @@ def test_ids_read_from_the_logprobs_tokens_are_the_ids_given(ids: list[int]) -> 
         ["token_id:1,2"],
         ["1token_id:"],
         ["token_id:1", "2token_id:"],
+        ["token_id: 5"],
+        ["token_id:5 "],
+        ["token_id:5_0"],
+        ["token_id:+5"],
+        ["token_id:-5"],
+        ["token_id:\u0665"],  # ARABIC-INDIC DIGIT FIVE: int() reads it as 5
+        ["token_id:1", "token_id:\uff12"],  # a fullwidth 2
+        ["token_id:1", "token_id:"],
+        ["token_id:1", ""],
     ],
 )
 def test_tokens_that_are_not_token_ids_are_refused(tokens: list[str]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(EngineError, match="not token ids"):
         token_ids({"logprobs": {"tokens": tokens}})
 
 

@@ -60,7 +60,8 @@ _AS_ID = "token_id:"
 
 def token_ids(choice: dict[str, Any]) -> list[int]:
     """The completion's ids: ``token_ids`` (``return_token_ids``), else its logprobs' tokens as
-    ``return_tokens_as_token_ids`` writes them, ``"token_id:N"`` (``ValueError`` for any other).
+    ``return_tokens_as_token_ids`` writes them, ``"token_id:N"`` with N in ASCII digits
+    (``EngineError`` for any other).
 
     A choice with neither is ``EngineError``: the gateway asks for one of them on every request,
     so their absence is a broken answer, not an empty turn (vLLM sends a logprobs object, with
@@ -75,17 +76,19 @@ def token_ids(choice: dict[str, Any]) -> list[int]:
     tokens = logprobs.get("tokens") or []
     if not tokens:
         return []
-    # in C, not a call per token: each token starts with the prefix and holds it once, and
-    # what is left of them are the ids
+    # in C, not a call per token: each token starts with the prefix and holds it once, what is
+    # left of them is ASCII digits only (``int`` alone would take " 5", "5_0", "+5" or other
+    # scripts' digits, none of which vLLM writes), and those are the ids
     text = ",".join(tokens)
     n = len(tokens)
     starts = text.startswith(_AS_ID) and text.count("," + _AS_ID) == n - 1
-    if not starts or text.count(_AS_ID) != n:
-        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
-    out = [int(t) for t in text.replace(_AS_ID, "").split(",")]
-    if len(out) != n:
-        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
-    return out
+    rest = text.replace(_AS_ID, "")
+    digits = rest.replace(",", "")
+    parts = rest.split(",")
+    ascii_digits = digits.isascii() and digits.isdigit() and "" not in parts  # "": the prefix alone
+    if not (starts and text.count(_AS_ID) == n and len(parts) == n and ascii_digits):
+        raise EngineError(f"engine's logprobs tokens are not token ids: {tokens[:3]}")
+    return [int(t) for t in parts]
 
 
 def check_count(n: int, usage: dict[str, Any] | None) -> None:
