@@ -1,7 +1,9 @@
 """``VLLMBackend``: the Backend protocol over vLLM's OpenAI-compatible HTTP server.
 
 Prompts go in as token ids (``/v1/completions`` with a list prompt) and come back as token
-ids with per-token logprobs (``return_token_ids``), so nothing is ever re-tokenized. Control
+ids with per-token logprobs, so nothing is ever re-tokenized: the ids are the logprobs' tokens
+(``return_tokens_as_token_ids``, ``"token_id:N"``), or ``return_token_ids`` where no logprobs
+are asked for (it also echoes the whole prompt's ids). Control
 endpoints (pause, weight reload, prefix-cache reset) need the server in dev mode
 (``VLLM_SERVER_DEV_MODE=1``), which the launcher sets.
 
