@@ -30,8 +30,9 @@ from the heap, and up to ``TRIM_THRESHOLD`` (16 MiB) free at the top of each are
 the next turns. What goes back to the system, and when: a buffer of 4 MiB or more is its own
 mapping, unmapped when freed; the heap's top is given back by ``free`` once more than 16 MiB of
 it is free; everything free (the middle of the heap too) goes back when the connection guard
-calls ``malloc_trim`` after a surge of connections has closed (``conn_guard``). Free memory below
-16 MiB at the top, and free holes inside the heap, stay with the process until then.
+calls ``malloc_trim``: after a surge of connections has closed, and once no connection has been
+open for 30 s (``conn_guard.Census``). Free memory below 16 MiB at the top, and free holes
+inside the heap, stay with the process until then.
 """
 
 from __future__ import annotations
