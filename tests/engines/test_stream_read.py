@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollyard.core import EngineError
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import CompletionDelta
-from rollyard.engines.stream_read import SSEPayloads, event_deltas, merge_deltas
+from rollyard.engines.stream_read import SSEPayloads, StreamCount, event_deltas, merge_deltas
 
 BODY = 'data: {"a": "é"}\n\n: a comment\ndata: {"b": 2}\n\ndata: [DONE]\n\n'.encode()
 
@@ -66,3 +69,30 @@ def test_an_event_reads_as_the_validated_delta_of_its_choice() -> None:
     assert (
         event_deltas(b'{"choices":[{"index":0,"text":"","token_ids":[],"finish_reason":null}]}', 9, 2) == []
     )
+
+
+def _event(ids: list[int], reason: str | None = None) -> bytes:
+    lp = {"tokens": [f"token_id:{t}" for t in ids], "token_logprobs": [-0.5] * len(ids)}
+    choice = {"index": 0, "text": "x", "logprobs": lp, "finish_reason": reason}
+    return json.dumps({"choices": [choice]}).encode()
+
+
+def test_a_streamed_event_without_logprobs_is_the_engines_error() -> None:
+    with pytest.raises(EngineError):
+        event_deltas(b'{"choices":[{"index":0,"text":"hello","logprobs":null,"finish_reason":null}]}', 9, 2)
+
+
+def test_the_streams_ids_are_checked_against_its_final_usage_event() -> None:
+    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}).encode()
+    agree = StreamCount()
+    for payload in (_event([5, 6]), _event([7], "stop"), usage):
+        event_deltas(payload, 9, 2, count=agree)
+    agree.check()
+    short = StreamCount()
+    for payload in (_event([5, 6], "stop"), usage):
+        event_deltas(payload, 9, 2, count=short)
+    with pytest.raises(EngineError, match="counted 3 completion tokens but sent 2"):
+        short.check()
+    unreported = StreamCount()  # an engine that sends no usage: nothing to compare against
+    event_deltas(_event([5]), 9, 2, count=unreported)
+    unreported.check()

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollyard.core import EngineError
-from rollyard.engines.vllm_choice import loads, token_ids, token_logprobs
+from rollyard.engines.vllm_choice import check_count, loads, token_ids, token_logprobs
 
 values = st.one_of(
     st.none(), st.floats(), st.integers(-(10**6), 0), st.sampled_from([-math.inf, math.nan, 1e308])
@@ -84,8 +84,36 @@ def test_ids_read_from_the_logprobs_tokens_are_the_ids_given(ids: list[int]) -> 
         ["token_id:1,2"],
         ["1token_id:"],
         ["token_id:1", "2token_id:"],
+        ["token_id: 5"],
+        ["token_id:5 "],
+        ["token_id:5_0"],
+        ["token_id:+5"],
+        ["token_id:-5"],
+        ["token_id:\u0665"],  # ARABIC-INDIC DIGIT FIVE: int() reads it as 5
+        ["token_id:1", "token_id:\uff12"],  # a fullwidth 2
+        ["token_id:1", "token_id:"],
+        ["token_id:1", ""],
     ],
 )
 def test_tokens_that_are_not_token_ids_are_refused(tokens: list[str]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(EngineError, match="not token ids"):
         token_ids({"logprobs": {"tokens": tokens}})
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [{"text": "hello", "logprobs": None}, {"text": "hello"}, {"text": "", "finish_reason": "stop"}],
+)
+def test_a_choice_without_ids_or_logprobs_is_the_engines_error_not_an_empty_turn(choice: dict) -> None:
+    with pytest.raises(EngineError, match="neither token_ids nor logprobs"):
+        token_ids(choice)
+    # an event with an empty logprobs object (vLLM's, for a step with no token) is no token
+    assert token_ids({"text": "", "logprobs": {"tokens": []}}) == []
+
+
+def test_ids_must_match_the_engines_own_count() -> None:
+    check_count(3, {"completion_tokens": 3})
+    check_count(3, None)  # no usage sent: nothing to compare
+    check_count(3, {"prompt_tokens": 9})
+    with pytest.raises(EngineError, match="counted 4 completion tokens but sent 3"):
+        check_count(3, {"completion_tokens": 4})

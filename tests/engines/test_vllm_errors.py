@@ -20,6 +20,18 @@ from rollyard.engines import VLLMBackend
 
 P = SamplingParams(max_tokens=4)
 MODELS = {"data": [{"id": "m", "max_model_len": 128}]}
+ONE_ID_TWO_COUNTED = json.dumps(
+    {
+        "choices": [
+            {
+                "text": "a",
+                "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.1], "top_logprobs": [None]},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 2},
+    }
+)
 
 
 @pytest.fixture
@@ -84,6 +96,11 @@ async def _drain(it: AsyncIterator[object]) -> None:
         (422, '{"detail": "bad"}', InvalidRequest),
         (200, "not json", EngineError),
         (200, '{"choices": "nope"}', EngineError),
+        # no ids at all (logprobs missing, as asked for with return_tokens_as_token_ids): not an empty turn
+        (200, '{"choices": [{"text": "hello", "logprobs": null, "finish_reason": "stop"}]}', EngineError),
+        (200, '{"choices": [{"text": "", "finish_reason": "stop"}]}', EngineError),
+        # one id read where the engine counted two
+        (200, ONE_ID_TWO_COUNTED, EngineError),
     ],
 )
 async def test_an_answered_error_belongs_to_the_request(

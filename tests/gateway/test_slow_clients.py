@@ -19,7 +19,7 @@ import uvicorn
 import uvloop
 
 from rollyard.core.net import free_port
-from rollyard.gateway import FastTokenizer, build_gateway, create_app
+from rollyard.gateway import FastTokenizer, build_gateway, conn_guard, create_app
 from rollyard.gateway.serve import uvicorn_config
 from rollyard.gateway.settings import GatewayLimits
 
@@ -199,3 +199,33 @@ def test_memory_goes_back_after_a_surge_of_connections(tok: FastTokenizer, tmp_p
         time.sleep(0.5)  # the trim runs in a worker thread
         assert census.trims == 1 and census.open <= 5, (census.trims, census.open)
         assert _rss_mb() < held - 2, (held, _rss_mb())
+
+
+def test_an_idle_gateway_gives_its_heap_back(
+    tok: FastTokenizer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once no connection has been open for ``IDLE_TRIM_S`` the census trims the C heap once; a
+    connection held open, or opened before the time is up, puts it off."""
+    monkeypatch.setattr(conn_guard, "IDLE_TRIM_S", 0.5)
+    limits = GatewayLimits(header_timeout_s=60, body_timeout_s=60)
+    gw = build_gateway({"fake": ScriptedBackend(tok)}, tok, tmp_path / "j.db", ADMIN, "tiny")
+    port = free_port()
+    config = uvicorn_config(create_app(gw, limits=limits), limits, port=port, log_level="critical")
+    with running(config):
+        census = config.http.census
+        held = socket.create_connection(("127.0.0.1", port))
+        brief = socket.create_connection(("127.0.0.1", port))
+        brief.close()
+        time.sleep(1.5)  # one still open: no idle trim
+        assert census.idle_trims == 0, census.idle_trims
+        held.close()
+        time.sleep(0.2)
+        again = socket.create_connection(("127.0.0.1", port))  # back before the time is up
+        time.sleep(1.0)
+        assert census.idle_trims == 0, census.idle_trims
+        again.close()
+        deadline = time.monotonic() + 10
+        while census.idle_trims == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert census.idle_trims == 1 and census.open == 0, (census.idle_trims, census.open)

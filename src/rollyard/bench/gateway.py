@@ -1,9 +1,10 @@
 """``rollyard bench gateway``: the same requests sent straight to vLLM and through the gateway.
 
 Fair by construction: the direct path posts the exact ``/v1/completions`` body the gateway
-sends (token-id prompt rendered by the gateway's renderer, ``logprobs``, ``return_token_ids``,
-the program's sampling, built by ``VLLMBackend.completion_body``), and the bench checks once
-that the gateway's recorded turn has the same prompt ids and sampling. Both paths use the
+sends (token-id prompt rendered by the gateway's renderer, ``logprobs`` with
+``return_tokens_as_token_ids``, the program's sampling, built by
+``VLLMBackend.completion_body``), and the bench checks once that the gateway's recorded turn
+has the same prompt ids and sampling. Both paths use the
 same aiohttp client and the same prompts (shorter than one KV block, so no prefix-cache hits).
 
 The two paths run in alternating blocks (direct, gateway, gateway, direct, ...) at each

@@ -10,12 +10,14 @@ in fewer, larger frames, and the gateway's cost per token falls as its load rise
 
 from __future__ import annotations
 
+from typing import Any
+
 from rollyard.core.assemble import assemble
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import CompletionDelta, TopLogprobs
-from rollyard.engines.vllm_choice import finish, loads, token_ids, token_logprobs, top_logprobs
+from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, token_logprobs, top_logprobs
 
-__all__ = ["SSEPayloads", "event_deltas", "merge_deltas"]
+__all__ = ["SSEPayloads", "StreamCount", "event_deltas", "merge_deltas"]
 
 
 class SSEPayloads:
@@ -40,7 +42,22 @@ class SSEPayloads:
         return out
 
 
-def event_deltas(payload: bytes, prompt_tokens: int, version: int, top: int = 0) -> list[CompletionDelta]:
+class StreamCount:
+    """The ids a stream's events held, against the engine's own count in its final usage event
+    (``stream_options.include_usage``), checked once the stream has ended."""
+
+    def __init__(self) -> None:
+        self.ids = 0
+        self.usage: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        """``EngineError`` when the usage event's ``completion_tokens`` differs from the ids read."""
+        check_count(self.ids, self.usage)
+
+
+def event_deltas(
+    payload: bytes, prompt_tokens: int, version: int, top: int = 0, count: StreamCount | None = None
+) -> list[CompletionDelta]:
     """The deltas of one streamed event (a choice with no ids and no finish reason is none).
 
     Built with ``assemble``: every value is typed here as it is read (``int``, ``float``,
@@ -49,8 +66,13 @@ def event_deltas(payload: bytes, prompt_tokens: int, version: int, top: int = 0)
     what the reading raises (``ValueError``, ``KeyError``, ``TypeError``, ``AttributeError``,
     ``EngineError``) for the caller to name the engine."""
     out = []
-    for choice in loads(payload).get("choices") or []:
+    event = loads(payload)
+    if count is not None and event.get("usage") is not None:
+        count.usage = event["usage"]
+    for choice in event.get("choices") or []:
         ids = token_ids(choice)
+        if count is not None:
+            count.ids += len(ids)
         reason = choice.get("finish_reason")
         if not ids and reason is None:
             continue

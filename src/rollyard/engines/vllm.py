@@ -1,7 +1,9 @@
 """``VLLMBackend``: the Backend protocol over vLLM's OpenAI-compatible HTTP server.
 
 Prompts go in as token ids (``/v1/completions`` with a list prompt) and come back as token
-ids with per-token logprobs (``return_token_ids``), so nothing is ever re-tokenized. Control
+ids with per-token logprobs, so nothing is ever re-tokenized: the ids are the logprobs' tokens
+(``return_tokens_as_token_ids``, ``"token_id:N"``), or ``return_token_ids`` where no logprobs
+are asked for (it also echoes the whole prompt's ids). Control
 endpoints (pause, weight reload, prefix-cache reset) need the server in dev mode
 (``VLLM_SERVER_DEV_MODE=1``), which the launcher sets.
 
@@ -39,8 +41,8 @@ from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
 from rollyard.engines.metrics import parse_vllm_metrics
-from rollyard.engines.stream_read import SSEPayloads, event_deltas, merge_deltas
-from rollyard.engines.vllm_choice import finish, loads, token_ids, token_logprobs, top_logprobs
+from rollyard.engines.stream_read import SSEPayloads, StreamCount, event_deltas, merge_deltas
+from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, token_logprobs, top_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -269,9 +271,12 @@ class VLLMBackend(VersionFence):
             choice = data["choices"][0]
             ids = token_ids(choice)
             usage = data.get("usage") or {}
+            check_count(len(ids), usage)
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             lps = token_logprobs(choice, len(ids))
             top = top_logprobs(choice, len(ids), params.top_logprobs)
+        except EngineError as e:
+            raise EngineError(f"engine {self.name}: {e}") from e
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             shown = answer[:200].decode(errors="replace")
             raise EngineError(f"engine {self.name} answered an unreadable completion: {shown}") from e
@@ -295,7 +300,7 @@ class VLLMBackend(VersionFence):
                 if resp.status >= 300:
                     text = (await resp.read()).decode(errors="replace")
                     self._raise_status(resp.status, text, "/v1/completions", answer=True)
-                events, done = SSEPayloads(), False
+                events, done, count = SSEPayloads(), False, StreamCount()
                 while not done:  # what arrived together is one delta (stream_read)
                     chunk = await resp.content.readany()
                     got: list[CompletionDelta] = []
@@ -303,10 +308,14 @@ class VLLMBackend(VersionFence):
                         if payload == b"[DONE]":
                             done = True
                             break
-                        got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs)
+                        got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs, count)
                     if got:
                         yield merge_deltas(got)
                     done = done or not chunk
+                try:
+                    count.check()
+                except EngineError as e:
+                    raise EngineError(f"engine {self.name}: {e}") from e
         except _NETWORK_ERRORS as e:
             raise EngineUnavailable(f"engine {self.name} dropped the stream: {type(e).__name__}") from e
         except TimeoutError as e:
@@ -315,11 +324,13 @@ class VLLMBackend(VersionFence):
             self._left()
 
     def _deltas(
-        self, payload: bytes, prompt_tokens: int, version: int, top: int = 0
+        self, payload: bytes, prompt_tokens: int, version: int, top: int, count: StreamCount
     ) -> list[CompletionDelta]:
         """One streamed event's deltas; an unreadable event is the engine's error on this request."""
         try:
-            return event_deltas(payload, prompt_tokens, version, top)
+            return event_deltas(payload, prompt_tokens, version, top, count)
+        except EngineError as e:
+            raise EngineError(f"engine {self.name}: {e}") from e
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             text = payload[:200].decode(errors="replace")
             raise EngineError(f"engine {self.name} streamed an unreadable event: {text}") from e

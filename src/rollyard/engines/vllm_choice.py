@@ -11,7 +11,7 @@ import pydantic_core
 from rollyard.core.errors import EngineError
 from rollyard.core.trajectory import FinishReason
 
-__all__ = ["finish", "loads", "token_ids", "token_logprobs", "top_logprobs"]
+__all__ = ["check_count", "finish", "loads", "token_ids", "token_logprobs", "top_logprobs"]
 
 
 _PROMPT_ECHO = b'"prompt_token_ids":'
@@ -60,24 +60,44 @@ _AS_ID = "token_id:"
 
 def token_ids(choice: dict[str, Any]) -> list[int]:
     """The completion's ids: ``token_ids`` (``return_token_ids``), else its logprobs' tokens as
-    ``return_tokens_as_token_ids`` writes them, ``"token_id:N"`` (``ValueError`` for any other)."""
+    ``return_tokens_as_token_ids`` writes them, ``"token_id:N"`` with N in ASCII digits
+    (``EngineError`` for any other).
+
+    A choice with neither is ``EngineError``: the gateway asks for one of them on every request,
+    so their absence is a broken answer, not an empty turn (vLLM sends a logprobs object, with
+    empty lists, even for a streamed event that holds no token)."""
     ids = choice.get("token_ids")
     if ids is not None:
         return [int(t) for t in ids]
-    tokens = (choice.get("logprobs") or {}).get("tokens") or []
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
+        shown = str(choice)[:200]
+        raise EngineError(f"engine answered a choice with neither token_ids nor logprobs: {shown}")
+    tokens = logprobs.get("tokens") or []
     if not tokens:
         return []
-    # in C, not a call per token: each token starts with the prefix and holds it once, and
-    # what is left of them are the ids
+    # in C, not a call per token: each token starts with the prefix and holds it once, what is
+    # left of them is ASCII digits only (``int`` alone would take " 5", "5_0", "+5" or other
+    # scripts' digits, none of which vLLM writes), and those are the ids
     text = ",".join(tokens)
     n = len(tokens)
     starts = text.startswith(_AS_ID) and text.count("," + _AS_ID) == n - 1
-    if not starts or text.count(_AS_ID) != n:
-        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
-    out = [int(t) for t in text.replace(_AS_ID, "").split(",")]
-    if len(out) != n:
-        raise ValueError(f"logprobs tokens are not token ids: {tokens[:3]}")
-    return out
+    rest = text.replace(_AS_ID, "")
+    digits = rest.replace(",", "")
+    parts = rest.split(",")
+    ascii_digits = digits.isascii() and digits.isdigit() and "" not in parts  # "": the prefix alone
+    if not (starts and text.count(_AS_ID) == n and len(parts) == n and ascii_digits):
+        raise EngineError(f"engine's logprobs tokens are not token ids: {tokens[:3]}")
+    return [int(t) for t in parts]
+
+
+def check_count(n: int, usage: dict[str, Any] | None) -> None:
+    """``EngineError`` unless the engine's own count of completion tokens (its ``usage``, where
+    it sent one) is the ``n`` ids read: a dropped or doubled id would shift every logprob the
+    trainer sees after it."""
+    reported = (usage or {}).get("completion_tokens")
+    if reported is not None and int(reported) != n:
+        raise EngineError(f"engine counted {reported} completion tokens but sent {n} token ids")
 
 
 def _logprob(entry: Any) -> float:

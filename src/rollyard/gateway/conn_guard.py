@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 _IDLE, _HEADERS, _BODY, _APP = range(4)
 LATE_LOOK_S = 0.05
 TRIM_AFTER, TRIM_SETTLE_S = 1000, 2.0
+IDLE_TRIM_S = 30.0  # no connection open this long: the heap's free pages go back too
 
 
 def _unread_bytes(transport: asyncio.Transport) -> int:
@@ -72,20 +73,34 @@ class Census:
     most held) the C heap's free pages go back to the system, once the closes have settled: the
     memory thousands of connections took (parsers, transports, buffers: ~6 KB each) stays in the
     allocator after they close (a surge of 3,000 idle connections kept the gateway ~35 MB
-    larger for good; more surges reuse it, they do not add to it)."""
+    larger for good; more surges reuse it, they do not add to it). Also once no connection has
+    been open for ``IDLE_TRIM_S``: the heap a gateway keeps for its next turns' buffers
+    (``gateway.heap``, up to 16 MiB free at each arena's top) is of no use to an idle one."""
 
     def __init__(self) -> None:
-        self.open = self.peak = self.trims = 0
+        self.open = self.peak = self.trims = self.idle_trims = 0
         self._trim: asyncio.Handle | None = None
+        self._idle: asyncio.Handle | None = None
 
     def opened(self) -> None:
         self.open += 1
         self.peak = max(self.peak, self.open)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
     def closed(self, loop: asyncio.AbstractEventLoop) -> None:
         self.open -= 1
         if self.peak - self.open >= TRIM_AFTER and self._trim is None:
             self._trim = loop.call_later(TRIM_SETTLE_S, self._trim_now, loop)
+        if self.open == 0 and self._idle is None:
+            self._idle = loop.call_later(IDLE_TRIM_S, self._idle_now, loop)
+
+    def _idle_now(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._idle = None
+        self.idle_trims += 1
+        log.info("no connection for %.0f s: trimming the heap (idle trim %d)", IDLE_TRIM_S, self.idle_trims)
+        loop.run_in_executor(None, _malloc_trim)
 
     def _trim_now(self, loop: asyncio.AbstractEventLoop) -> None:
         log.info(

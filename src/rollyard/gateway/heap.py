@@ -18,13 +18,21 @@ never walk again.
 
 C heap (glibc only, a dedicated gateway process only): a turn of a long conversation handles
 buffers of 100-250 KB (the request body, the prompt's id list and its JSON, the engine's answer),
-above glibc's initial mmap threshold (128 KB) and its default trim threshold. Each such buffer
-was mapped and unmapped, or the heap's top given back and taken again, so its pages were
-faulted in and zeroed afresh every turn: a cost in proportion to the history, on the event loop
-(a copy of a 30k-id list measured 711 us against 73 us with the settings below). With
-``MMAP_THRESHOLD`` and ``TRIM_THRESHOLD`` raised, freed buffers are reused from the heap. Memory
-still goes back: the connection guard calls ``malloc_trim`` once a surge of connections has
-closed (``conn_guard``), which ignores the trim threshold.
+above glibc's initial mmap threshold (128 KB). glibc raises that threshold to the size of a
+mapped buffer once one is freed, and its trim threshold to twice that, so with many turns in
+flight their freed buffers (64 programs at 30k ids: ~15 MB of id lists alone) exceed the trim
+threshold, the heap's top is given back, and the next turns fault and zero those pages afresh:
+a cost in proportion to the history, on the event loop. Copying a 30k-id prompt
+(``PromptIds(prompt[:])``, fresh interpreter, min over 25 rounds, us per copy): one in flight,
+~204 with the defaults against ~55 tuned; 64 in flight, 149-298 against 58-61 with the values
+below, 108-117 with an 8 MiB trim threshold. So: buffers under ``MMAP_THRESHOLD`` (4 MiB) come
+from the heap, and up to ``TRIM_THRESHOLD`` (16 MiB) free at the top of each arena is kept for
+the next turns. What goes back to the system, and when: a buffer of 4 MiB or more is its own
+mapping, unmapped when freed; the heap's top is given back by ``free`` once more than 16 MiB of
+it is free; everything free (the middle of the heap too) goes back when the connection guard
+calls ``malloc_trim``: after a surge of connections has closed, and once no connection has been
+open for 30 s (``conn_guard.Census``). Free memory below 16 MiB at the top, and free holes
+inside the heap, stay with the process until then.
 """
 
 from __future__ import annotations
@@ -37,11 +45,12 @@ import logging
 log = logging.getLogger(__name__)
 
 GEN0_THRESHOLD = 50_000
-# glibc's mallopt parameters, and the values set: allocations under 32 MiB (glibc's own ceiling
-# for its dynamic threshold) come from the heap; up to 64 MiB free at its top is kept
+# glibc's mallopt parameters, and the values set: allocations under 4 MiB come from the heap;
+# up to 16 MiB free at an arena's top is kept (an 8 MiB one lost about half the gain with 64
+# turns in flight, see above; 32/64 MiB kept no more of it)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 32 << 20
-TRIM_THRESHOLD = 64 << 20
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 16 << 20
 
 
 def tune_heap(*, freeze: bool) -> bool:
