@@ -73,7 +73,10 @@ def test_head_files_are_what_vllm_eagle_loads(policy: torch.nn.Module, tmp_path:
 def test_online_head_steps_and_writes_beside_a_version(policy: torch.nn.Module, tmp_path: Path) -> None:
     head_dir = save_head(EagleHead.from_policy(policy), tmp_path / "h0")
     cfg = DraftingConfig(method="eagle", head=str(head_dir), topk=8, rows=2, max_len=32)
-    online = OnlineHead(cfg, policy)
+    # the model is looked up each step: a multi-rank trainer's ``model`` is a new gathered copy
+    current = [build_model("test", seed=4).eval()]
+    online = OnlineHead(cfg, lambda: current[0])
+    current[0] = policy  # the trainer stepped: the head must learn from this one, not the first
     rows = _rows(policy.config.vocab_size, n=3)
     samples = [
         Sample(
@@ -86,6 +89,7 @@ def test_online_head_steps_and_writes_beside_a_version(policy: torch.nn.Module, 
     ]
     m = online.step(samples)
     assert m["draft_head_loss"] > 0 and m["draft_head_delta"] > 0 and m["draft_head_steps"] == 1
+    assert online.trainer.policy is policy
     online.write_beside(tmp_path / "v000001")
     written = load_head(tmp_path / "v000001" / HEAD_DIR, policy)
     assert all(torch.equal(v, written.state_dict()[k]) for k, v in online.head.state_dict().items())

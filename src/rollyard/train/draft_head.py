@@ -87,14 +87,15 @@ class EagleHead(nn.Module):
             head.fc.weight[:, h:] = torch.eye(h)
             head.layer.self_attn.o_proj.weight.zero_()
             head.layer.mlp.down_proj.weight.zero_()
-        return head.to(next(policy.parameters()).dtype)
+        p = next(policy.parameters())
+        return head.to(device=p.device, dtype=p.dtype)
 
     def vllm_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under the names vLLM's ``EagleLlamaForCausalLM.load_weights`` expects."""
         out = {"fc.weight": self.fc.weight}
         for k, v in self.layer.state_dict().items():
             out[f"layers.0.{k}"] = v
-        return {k: v.detach().contiguous().clone() for k, v in out.items()}
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in out.items()}
 
     def load_vllm_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         self.fc.weight.data.copy_(sd["fc.weight"])
@@ -139,7 +140,8 @@ def load_head(head_dir: str | Path, policy: nn.Module) -> EagleHead:
         head.load_vllm_state_dict(load_file(str(d / HEAD_FILE)))
     except (KeyError, RuntimeError) as e:
         raise ConfigError(f"engine.drafting.head: {d} does not fit the policy: {e}") from e
-    return head.to(next(policy.parameters()).dtype)
+    p = next(policy.parameters())
+    return head.to(device=p.device, dtype=p.dtype)  # beside the policy (its CUDA device, if any)
 
 
 @dataclass
@@ -157,10 +159,11 @@ class Targets:
 def policy_targets(policy: nn.Module, rows: list[list[int]], topk: int, max_len: int = 1024) -> list[Targets]:
     """One no-grad forward per row (cut to its last ``max_len`` tokens); rows under 2 tokens skip."""
     out = []
+    device = next(policy.parameters()).device
     for r in rows:
         if len(r) < 2:
             continue
-        ids = torch.tensor(r[-max_len:], dtype=torch.long)
+        ids = torch.tensor(r[-max_len:], dtype=torch.long, device=device)
         hidden = policy.model(input_ids=ids[None]).last_hidden_state[0]  # post-norm, as vLLM passes
         top, top_ids = policy.lm_head(hidden).topk(topk, dim=-1)
         out.append(Targets(ids, hidden, top, top_ids))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,25 +86,30 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
 
 class OnlineHead:
     """The head trained beside the policy: ``step`` after each policy step, ``write_beside``
-    into each published version's dir."""
+    into each published version's dir.
 
-    def __init__(self, cfg: DraftingConfig, policy: Any) -> None:
+    ``model`` is called each step: a multi-rank trainer's ``model`` is a fresh gathered copy
+    after every step, so a model kept once would stay the starting policy."""
+
+    def __init__(self, cfg: DraftingConfig, model: Callable[[], Any]) -> None:
         self.cfg = cfg
-        self.policy = policy
+        self.model = model
+        policy = model()
         self.head = load_head(cfg.head, policy)
         self.trainer = HeadTrainer(self.head, policy, topk=cfg.topk, lr=cfg.lr)
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One head step on the step's longest ``rows`` trajectories (one no-grad policy
         forward each, on the policy as just updated)."""
-        was_training = self.policy.training
-        self.policy.eval()
+        policy = self.model()
+        self.trainer.policy = policy
+        was_training = policy.training
+        policy.eval()
         try:
-            targets = policy_targets(
-                self.policy, _rows(samples, self.cfg.rows, self.cfg.max_len), self.cfg.topk
-            )
+            rows = _rows(samples, self.cfg.rows, self.cfg.max_len)
+            targets = policy_targets(policy, rows, self.cfg.topk, self.cfg.max_len)
         finally:
-            self.policy.train(was_training)
+            policy.train(was_training)
         if not targets:
             return {}
         out = self.trainer.step(targets)
@@ -128,7 +133,7 @@ def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -
     model = getattr(trainer, "model", None)
     if model is None or not hasattr(model, "model"):
         raise ConfigError("engine.drafting.online with method eagle needs a transformers Llama policy")
-    head = OnlineHead(cfg, model)
+    head = OnlineHead(cfg, lambda: trainer.model)
     if publisher.mode == "disk":
         publisher.beside = head.write_beside
     elif isinstance(publisher.links, MemoryLinks):
