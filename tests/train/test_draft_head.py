@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,21 @@ def test_head_learns_the_policy_and_only_the_head_changes(policy: torch.nn.Modul
     assert all(s["draft_head_grad"] > 0 and s["draft_head_delta"] > 0 for s in stats)
     assert any(not torch.equal(v, head.state_dict()[k]) for k, v in before_head.items())
     assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before_policy.items())
+
+
+def test_a_step_with_a_non_finite_loss_is_skipped(policy: torch.nn.Module) -> None:
+    head = EagleHead.from_policy(policy)
+    targets = policy_targets(policy, _rows(policy.config.vocab_size, n=2), topk=8)
+    trainer = HeadTrainer(head, policy, topk=8, lr=3e-3)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    bad = [replace(t, hidden=torch.full_like(t.hidden, float("nan"))) for t in targets]
+    assert trainer.step(bad) == {"draft_head_skipped": 1.0}
+    assert (trainer.steps, trainer.skipped) == (0, 1)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())  # NaN-free
+    assert all(p.grad is None for p in head.parameters()) and not trainer.opt.state
+    m = trainer.step(targets)  # and the next finite step trains as usual
+    assert m["draft_head_skipped"] == 0.0 and m["draft_head_delta"] > 0 and trainer.steps == 1
+    assert all(torch.isfinite(p).all() for p in head.parameters())
 
 
 def test_head_files_are_what_vllm_eagle_loads(policy: torch.nn.Module, tmp_path: Path) -> None:

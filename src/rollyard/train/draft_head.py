@@ -18,6 +18,7 @@ only the head.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -193,6 +194,7 @@ class HeadTrainer:
         self.head, self.policy, self.topk = head, policy, topk
         self.opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
         self.steps = 0
+        self.skipped = 0  # steps whose loss or gradient was not finite (not applied)
 
     def step(self, targets: list[Targets]) -> dict[str, float]:
         if not targets:
@@ -208,6 +210,13 @@ class HeadTrainer:
             for k in sums:
                 sums[k] += float(out[k]) * w
         grad = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0))
+        loss = sums["kl"] + sums["reg"]
+        if not (math.isfinite(loss) and math.isfinite(grad)):
+            # a diverged step would poison the head (and a memory publish's pack then fails
+            # the run): leave the weights and the optimizer as they were, and count it
+            self.opt.zero_grad(set_to_none=True)
+            self.skipped += 1
+            return {"draft_head_skipped": 1.0}
         before = [p.detach().clone() for p in self.head.parameters()]
         self.opt.step()
         delta = sum(
@@ -220,6 +229,7 @@ class HeadTrainer:
             "draft_head_top1": sums["top1"],
             "draft_head_grad": grad,
             "draft_head_delta": delta**0.5,  # L2 norm of this step's change to the head's weights
+            "draft_head_skipped": 0.0,
         }
 
 

@@ -114,6 +114,7 @@ class OnlineHead:
             return {}
         out = self.trainer.step(targets)
         out["draft_head_steps"] = float(self.trainer.steps)
+        out["draft_head_skipped_total"] = float(self.trainer.skipped)
         return out
 
     def write_beside(self, version_dir: Path) -> None:
