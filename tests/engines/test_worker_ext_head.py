@@ -1,11 +1,16 @@
 """The worker extension re-packs only an eagle head's own GEMMs after loading it, not the
-target's embeddings and ``lm_head`` the drafter shares (``engines/vllm_worker_ext.py``)."""
+target's embeddings and ``lm_head`` the drafter shares (``engines/vllm_worker_ext.py``); and
+``rollyard engine serve --drafting eagle`` takes its head as ``--draft-head``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from rollyard.core.errors import ConfigError
 
 ext = pytest.importorskip("rollyard.engines.vllm_worker_ext")
 
@@ -44,3 +49,21 @@ def test_head_only_repack_leaves_out_the_shared_target_modules() -> None:
 def test_head_tensors_need_an_eagle_drafter() -> None:
     with pytest.raises(RuntimeError, match="no eagle drafter"):
         ext.load_head_tensors(None, [("fc.weight", torch.zeros(8, 16))])
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--drafting", "eagle"], "--draft-head"),  # head auto belongs to a train run
+        (["--drafting", "ngram", "--draft-head", "."], "--draft-head"),
+        (["--drafting", "eagle", "--draft-head", "."], "no model.safetensors"),
+    ],
+)
+def test_engine_serve_eagle_needs_a_head_dir(flags: list[str], says: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rollyard.cli import _register, app
+
+    _register()
+    res = CliRunner().invoke(app, ["engine", "serve", "--model", str(tmp_path), *flags])
+    assert isinstance(res.exception, ConfigError) and says in res.exception.message

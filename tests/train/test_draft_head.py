@@ -17,7 +17,13 @@ from rollyard.core.sample import Sample
 from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head
-from rollyard.train.draft_online import OnlineHead, online_head, prepare_head
+from rollyard.train.draft_online import (
+    OnlineHead,
+    check_eagle_policy,
+    check_eagle_publish,
+    online_head,
+    prepare_head,
+)
 from rollyard.train.memory_publish import MemoryLinks
 from rollyard.train.models import build_model
 from rollyard.train.publish import WeightPublisher
@@ -125,6 +131,29 @@ def test_config_errors(policy: torch.nn.Module, tmp_path: Path) -> None:
         "model": str(head_dir),
         "num_speculative_tokens": 4,
     }
+
+    # checked before the run starts: the policy's family and vocabulary, the CUDA memory publish
+    policy.config.save_pretrained(tmp_path / "llama")
+    check_eagle_policy(DraftingConfig(method="eagle", topk=policy.config.vocab_size), tmp_path / "llama")
+    with pytest.raises(ConfigError, match="vocabulary"):
+        check_eagle_policy(
+            DraftingConfig(method="eagle", topk=policy.config.vocab_size + 1), tmp_path / "llama"
+        )
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match="Llama"):
+        check_eagle_policy(DraftingConfig(method="eagle"), tmp_path / "gpt2")
+    check_eagle_policy(DraftingConfig(method="ngram"), tmp_path / "gpt2")  # only eagle needs Llama
+    import rollyard.engines.launcher as launcher
+
+    check_eagle_publish(cfg, "memory")  # the gloo memory publish carries the head
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launcher, "has_cuda_gpu", lambda: True)
+        with pytest.raises(ConfigError, match="NCCL"):
+            check_eagle_publish(cfg, "memory")
+        check_eagle_publish(cfg, "disk")
+        check_eagle_publish(cfg.model_copy(update={"online": False}), "memory")
 
     class _Trainer:
         model = policy

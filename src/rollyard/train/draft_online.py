@@ -23,7 +23,15 @@ from rollyard.core.errors import ConfigError
 from rollyard.core.sample import Sample
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
-from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head, warm_train
+from rollyard.train.draft_head import (
+    EagleHead,
+    HeadTrainer,
+    head_config,
+    load_head,
+    policy_targets,
+    save_head,
+    warm_train,
+)
 from rollyard.train.memory_publish import MemoryLinks
 from rollyard.train.publish import WeightPublisher
 
@@ -50,6 +58,32 @@ def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
         "recipe": 1,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_eagle_publish(cfg: DraftingConfig, publish_mode: str) -> None:
+    """Before anything starts: the CUDA (NCCL) memory publish does not carry an online head."""
+    from rollyard.engines.launcher import has_cuda_gpu
+
+    if cfg.method == "eagle" and cfg.online and publish_mode == "memory" and has_cuda_gpu():
+        raise ConfigError(
+            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
+            "the head; use publish.mode: disk or online: false"
+        )
+
+
+def check_eagle_policy(cfg: DraftingConfig, start: Path) -> None:
+    """Before the warm start: the policy is one an eagle head fits (Llama), and ``topk`` is
+    within its vocabulary."""
+    if cfg.method != "eagle":
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(start)
+    head_config(config)  # ConfigError for a non-Llama policy
+    if cfg.topk > config.vocab_size:
+        raise ConfigError(
+            f"engine.drafting.topk: {cfg.topk} is over the policy's vocabulary ({config.vocab_size})"
+        )
 
 
 def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int = 0) -> DraftingConfig:
@@ -139,9 +173,7 @@ def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -
         publisher.beside = head.write_beside
     elif isinstance(publisher.links, MemoryLinks):
         publisher.links.extra = head.named_weights
-    else:
-        raise ConfigError(
-            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
-            "the head; use publish.mode: disk or online: false"
-        )
+    else:  # checked before the run started (``check_eagle_publish``); kept against a bypass
+        check_eagle_publish(cfg, "memory")
+        raise ConfigError("engine.drafting.online with method eagle: this publish cannot carry the head")
     return head
