@@ -201,3 +201,5 @@ def test_auto_head_is_warm_trained_on_the_demos_and_cached(
     assert (head_dir / HEAD_FILE).stat().st_mtime_ns == stamp
     other = prepare_head(cfg.model_copy(update={"warm_steps": 2}), tiny_model_dir, demos)
     assert other.head != made.head
+    reseeded = prepare_head(cfg, tiny_model_dir, demos, seed=1)  # the warm start's draws differ
+    assert reseeded.head not in (made.head, other.head)

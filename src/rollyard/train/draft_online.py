@@ -47,7 +47,8 @@ def _rows(samples: Sequence[Sample], n: int, max_len: int) -> list[list[int]]:
     return [s.token_ids[-max_len:] for s in longest]
 
 
-def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
+def _key(start: Path, demos: Path | None, cfg: DraftingConfig, seed: int) -> str:
+    """What decides an auto head: the policy, the demos, the head knobs and the warm start's seed."""
     parts: dict[str, Any] = {
         "policy": [
             (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(start.glob("*.safetensors"))
@@ -55,6 +56,7 @@ def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
         "policy_dir": str(start.resolve()),
         "demos": hashlib.sha256(demos.read_bytes()).hexdigest() if demos else None,
         "head": cfg.model_dump(mode="json", include={"topk", "warm_steps", "max_len", "lr"}),
+        "seed": seed if demos else None,  # the warm start's row draws; no warm start, no draws
         "recipe": 1,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -98,7 +100,7 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
             "engine.drafting.head: auto warm-trains on the SFT warm start's demonstrations: "
             "turn on sft, give a head dir, or set warm_steps: 0"
         )
-    out = cache_dir() / "models" / "eagle-heads" / _key(start, demos if cfg.warm_steps else None, cfg)
+    out = cache_dir() / "models" / "eagle-heads" / _key(start, demos if cfg.warm_steps else None, cfg, seed)
     if not (out / HEAD_FILE).is_file():
         import torch
         from transformers import AutoModelForCausalLM
