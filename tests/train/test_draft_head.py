@@ -31,7 +31,8 @@ from rollyard.train.publish import WeightPublisher
 
 @pytest.fixture(scope="module")
 def policy() -> torch.nn.Module:
-    return build_model("test", seed=3).eval().requires_grad_(False)
+    # trainable, as the trainer's policy is: a gradient leaking into it would show as a .grad
+    return build_model("test", seed=3).eval().requires_grad_(True)
 
 
 def _rows(vocab: int, n: int = 6, length: int = 48, seed: int = 0) -> list[list[int]]:
@@ -58,6 +59,7 @@ def test_head_learns_the_policy_and_only_the_head_changes(policy: torch.nn.Modul
     assert all(s["draft_head_grad"] > 0 and s["draft_head_delta"] > 0 for s in stats)
     assert any(not torch.equal(v, head.state_dict()[k]) for k, v in before_head.items())
     assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before_policy.items())
+    assert all(p.requires_grad and p.grad is None for p in policy.parameters())
 
 
 def test_a_step_with_a_non_finite_loss_is_skipped(policy: torch.nn.Module) -> None:
