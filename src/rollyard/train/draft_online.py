@@ -6,7 +6,13 @@ cache by what decides it. With ``online: true`` ``OnlineHead`` then runs one Top
 RL step on that step's trajectories, against the policy just updated, and the head goes out
 with the new version (disk: written into its dir as ``draft_head/`` before the engines reload;
 memory: its tensors after the policy's), which the worker extension loads into vLLM's drafter
-in the same RPC: the engines' head always matches the policy version they serve.
+in the same RPC as that version's policy. What holds: after each publish every engine serves
+the head trained against the version it serves (and in memory mode a restarted engine's
+catch-up gets it too). What does not: an engine restarted in disk mode comes back with the
+starting head (its launch's ``head``) beside the live policy until the next publish; a failed
+disk publish rolls the engines back to the previous version's dir, and when that is the base
+(v0, no ``draft_head/``) they keep the head just loaded; and the head and its
+optimizer are not checkpointed, so a resumed run trains on from the starting head.
 """
 
 from __future__ import annotations
