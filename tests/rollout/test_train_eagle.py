@@ -43,8 +43,12 @@ async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_vers
     for r in rows:
         assert r["draft_head_loss"] > 0  # the head's Top-K KL was computed on the step's trajectories
         assert r["draft_head_delta"] > 0  # and its weights changed
+        assert r["draft_head_s"] > 0  # timed on its own, outside train_s
         assert r["publish_engine_draft_head_load_s"] > 0  # the engine loaded that version's head
-        assert r["spec_drafts"] > 0 and r["spec_acceptance_len"] >= 1.0  # it drafted with it
+        # it drafted with it: k = 3 tokens a draft, each position's acceptance counted
+        assert r["spec_drafts"] > 0 and r["spec_draft_tokens"] >= r["spec_drafts"]
+        assert 0 <= r["spec_accepted_tokens"] <= r["spec_draft_tokens"]
+        assert len(r["spec_accepted_per_pos"]) == 3
     assert [r["draft_head_steps"] for r in rows] == [1, 2]
     if mode == "disk":
         assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()

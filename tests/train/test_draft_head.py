@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,13 @@ from rollyard.core.sample import Sample
 from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head
-from rollyard.train.draft_online import OnlineHead, online_head, prepare_head
+from rollyard.train.draft_online import (
+    OnlineHead,
+    check_eagle_policy,
+    check_eagle_publish,
+    online_head,
+    prepare_head,
+)
 from rollyard.train.memory_publish import MemoryLinks
 from rollyard.train.models import build_model
 from rollyard.train.publish import WeightPublisher
@@ -24,7 +31,8 @@ from rollyard.train.publish import WeightPublisher
 
 @pytest.fixture(scope="module")
 def policy() -> torch.nn.Module:
-    return build_model("test", seed=3).eval().requires_grad_(False)
+    # trainable, as the trainer's policy is: a gradient leaking into it would show as a .grad
+    return build_model("test", seed=3).eval().requires_grad_(True)
 
 
 def _rows(vocab: int, n: int = 6, length: int = 48, seed: int = 0) -> list[list[int]]:
@@ -51,6 +59,22 @@ def test_head_learns_the_policy_and_only_the_head_changes(policy: torch.nn.Modul
     assert all(s["draft_head_grad"] > 0 and s["draft_head_delta"] > 0 for s in stats)
     assert any(not torch.equal(v, head.state_dict()[k]) for k, v in before_head.items())
     assert all(torch.equal(v, policy.state_dict()[k]) for k, v in before_policy.items())
+    assert all(p.requires_grad and p.grad is None for p in policy.parameters())
+
+
+def test_a_step_with_a_non_finite_loss_is_skipped(policy: torch.nn.Module) -> None:
+    head = EagleHead.from_policy(policy)
+    targets = policy_targets(policy, _rows(policy.config.vocab_size, n=2), topk=8)
+    trainer = HeadTrainer(head, policy, topk=8, lr=3e-3)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    bad = [replace(t, hidden=torch.full_like(t.hidden, float("nan"))) for t in targets]
+    assert trainer.step(bad) == {"draft_head_skipped": 1.0}
+    assert (trainer.steps, trainer.skipped) == (0, 1)
+    assert all(torch.equal(v, head.state_dict()[k]) for k, v in before.items())  # NaN-free
+    assert all(p.grad is None for p in head.parameters()) and not trainer.opt.state
+    m = trainer.step(targets)  # and the next finite step trains as usual
+    assert m["draft_head_skipped"] == 0.0 and m["draft_head_delta"] > 0 and trainer.steps == 1
+    assert all(torch.isfinite(p).all() for p in head.parameters())
 
 
 def test_head_files_are_what_vllm_eagle_loads(policy: torch.nn.Module, tmp_path: Path) -> None:
@@ -73,7 +97,10 @@ def test_head_files_are_what_vllm_eagle_loads(policy: torch.nn.Module, tmp_path:
 def test_online_head_steps_and_writes_beside_a_version(policy: torch.nn.Module, tmp_path: Path) -> None:
     head_dir = save_head(EagleHead.from_policy(policy), tmp_path / "h0")
     cfg = DraftingConfig(method="eagle", head=str(head_dir), topk=8, rows=2, max_len=32)
-    online = OnlineHead(cfg, policy)
+    # the model is looked up each step: a multi-rank trainer's ``model`` is a new gathered copy
+    current = [build_model("test", seed=4).eval()]
+    online = OnlineHead(cfg, lambda: current[0])
+    current[0] = policy  # the trainer stepped: the head must learn from this one, not the first
     rows = _rows(policy.config.vocab_size, n=3)
     samples = [
         Sample(
@@ -86,6 +113,7 @@ def test_online_head_steps_and_writes_beside_a_version(policy: torch.nn.Module, 
     ]
     m = online.step(samples)
     assert m["draft_head_loss"] > 0 and m["draft_head_delta"] > 0 and m["draft_head_steps"] == 1
+    assert online.trainer.policy is policy
     online.write_beside(tmp_path / "v000001")
     written = load_head(tmp_path / "v000001" / HEAD_DIR, policy)
     assert all(torch.equal(v, written.state_dict()[k]) for k, v in online.head.state_dict().items())
@@ -105,6 +133,29 @@ def test_config_errors(policy: torch.nn.Module, tmp_path: Path) -> None:
         "model": str(head_dir),
         "num_speculative_tokens": 4,
     }
+
+    # checked before the run starts: the policy's family and vocabulary, the CUDA memory publish
+    policy.config.save_pretrained(tmp_path / "llama")
+    check_eagle_policy(DraftingConfig(method="eagle", topk=policy.config.vocab_size), tmp_path / "llama")
+    with pytest.raises(ConfigError, match="vocabulary"):
+        check_eagle_policy(
+            DraftingConfig(method="eagle", topk=policy.config.vocab_size + 1), tmp_path / "llama"
+        )
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match="Llama"):
+        check_eagle_policy(DraftingConfig(method="eagle"), tmp_path / "gpt2")
+    check_eagle_policy(DraftingConfig(method="ngram"), tmp_path / "gpt2")  # only eagle needs Llama
+    import rollyard.engines.launcher as launcher
+
+    check_eagle_publish(cfg, "memory")  # the gloo memory publish carries the head
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launcher, "has_cuda_gpu", lambda: True)
+        with pytest.raises(ConfigError, match="NCCL"):
+            check_eagle_publish(cfg, "memory")
+        check_eagle_publish(cfg, "disk")
+        check_eagle_publish(cfg.model_copy(update={"online": False}), "memory")
 
     class _Trainer:
         model = policy
@@ -152,3 +203,5 @@ def test_auto_head_is_warm_trained_on_the_demos_and_cached(
     assert (head_dir / HEAD_FILE).stat().st_mtime_ns == stamp
     other = prepare_head(cfg.model_copy(update={"warm_steps": 2}), tiny_model_dir, demos)
     assert other.head != made.head
+    reseeded = prepare_head(cfg, tiny_model_dir, demos, seed=1)  # the warm start's draws differ
+    assert reseeded.head not in (made.head, other.head)

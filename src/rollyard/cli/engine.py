@@ -38,7 +38,13 @@ def serve(
         "none",
         "--drafting",
         help="speculative drafting METHOD[:K]: grouped_suffix (a suffix index per RL group), "
-        "solo_suffix, ngram or none; K tokens at most per step (default 4)",
+        "solo_suffix, ngram, eagle (needs --draft-head) or none; K tokens at most per step (default 4)",
+    ),
+    draft_head: Path | None = typer.Option(
+        None,
+        "--draft-head",
+        help="with --drafting eagle: a head dir (a run's weights/vNNNNNN/draft_head, or one made by "
+        "a run with engine.drafting.head: auto under the model cache's models/eagle-heads/)",
     ),
     logprobs_mode: str = typer.Option(
         "processed_logprobs",
@@ -75,6 +81,14 @@ def serve(
         draft = DraftingConfig.parse(drafting)
     except ValidationError as e:
         raise ConfigError(f"--drafting {drafting!r}: {e.errors()[0]['msg']}") from e
+    if (draft.method == "eagle") != (draft_head is not None):
+        raise ConfigError("--drafting eagle needs --draft-head DIR, and --draft-head needs --drafting eagle")
+    if draft_head is not None:
+        from rollyard.engines.drafting.eagle_files import HEAD_FILE
+
+        if not (draft_head / HEAD_FILE).is_file():
+            raise ConfigError(f"--draft-head {draft_head}: no {HEAD_FILE} there")
+        draft = draft.model_copy(update={"head": str(draft_head)})
     kind, _, at = kv_pool.partition(":")
     where = {"local": {"root": at}, "mooncake": {"master": at}}.get(kind, {}) if at else {}
     try:

@@ -69,19 +69,36 @@ def load_draft_head(drafter: Any, weights_path: str) -> dict[str, float]:
     return load_head_tensors(drafter, list(load_file(path).items()))
 
 
-def load_head_tensors(drafter: Any, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
-    """Copy an eagle head's tensors (vLLM's names) into the drafter and re-pack its GEMMs (its
-    embeddings and lm_head are the target's, already updated)."""
+def _drafter_model(drafter: Any) -> Any:
     model = getattr(drafter, "model", None)
     if model is None:
         raise RuntimeError("this engine has no eagle drafter to take a draft head")
+    return model
+
+
+def _gemms(model: torch.nn.Module, head_only: bool = False) -> list[torch.nn.Module]:
+    """The packed linear layers of ``model``; ``head_only``: an eagle drafter's own (``fc``,
+    ``layers.*``), not the target's embeddings and ``lm_head`` it shares (re-packed with the
+    target already; ``lm_head`` is the largest GEMM)."""
+    out = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not (hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2):
+            continue
+        if not head_only or {"fc", "layers"} & set(name.split(".")):
+            out.append(module)
+    return out
+
+
+def load_head_tensors(drafter: Any, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """Copy an eagle head's tensors (vLLM's names) into the drafter and re-pack its own GEMMs
+    (its embeddings and lm_head are the target's, already updated)."""
+    model = _drafter_model(drafter)
     t0 = time.perf_counter()
     with torch.no_grad():
         model.load_weights(iter(tensors))
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
-            _ORIGINAL_DISPATCH(module, remove_weight=False)
+    for module in _gemms(model, head_only=True):
+        _ORIGINAL_DISPATCH(module, remove_weight=False)
     return {"draft_head_load_s": time.perf_counter() - t0}
 
 
@@ -96,10 +113,10 @@ class LiveWeightsExtension:
         Returns where the time went (``load_s``, ``repack_s``) and how many GEMMs were re-packed."""
         t0 = time.perf_counter()
         self.model_runner.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
-        self._rollyard_version = int(version)
         took = self._repack_timed(t0, t0)
         # an online eagle head published beside the policy (``engine.drafting.online``)
         took.update(load_draft_head(getattr(self.model_runner, "drafter", None), weights_path))  # type: ignore[attr-defined]
+        self._rollyard_version = int(version)  # only once the policy and its head are both in
         return took
 
     def rollyard_weights_version(self) -> int:
@@ -147,6 +164,9 @@ class LiveWeightsExtension:
 
         head = [(n[len(HEAD_PREFIX) :], t) for n, t in staged if n.startswith(HEAD_PREFIX)]
         staged = [(n, t) for n, t in staged if not n.startswith(HEAD_PREFIX)]
+        drafter = getattr(self.model_runner, "drafter", None)  # type: ignore[attr-defined]
+        if head:  # before anything is loaded: a head this engine cannot take leaves it whole
+            _drafter_model(drafter)
         model = self._model()
         with torch.no_grad():  # unquantized weights only: their post-load step is the GEMM pack
             loaded = model.load_weights(iter(staged))
@@ -155,10 +175,10 @@ class LiveWeightsExtension:
         missing = sorted({n for n, _ in model.named_parameters()} - set(loaded or ())) if loaded else []
         if missing:
             raise RuntimeError(f"weights v{version} left {len(missing)} parameters unloaded: {missing[:3]}")
-        self._rollyard_version = int(version)
         took = self._repack_timed(t0, t1)
         if head:  # an online eagle head sent with the policy (``engine.drafting.online``)
-            took.update(load_head_tensors(getattr(self.model_runner, "drafter", None), head))  # type: ignore[attr-defined]
+            took.update(load_head_tensors(drafter, head))
+        self._rollyard_version = int(version)  # only once the policy and its head are both in
         return took
 
     def _repack_timed(self, t0: float, t1: float) -> dict[str, float]:
@@ -166,11 +186,9 @@ class LiveWeightsExtension:
         and loaded from ``t1`` to now."""
         t2 = time.perf_counter()
         repacked = 0
-        for module in self._model().modules():
-            weight = getattr(module, "weight", None)
-            if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.ndim == 2:
-                _ORIGINAL_DISPATCH(module, remove_weight=False)
-                repacked += 1
+        for module in _gemms(self._model()):
+            _ORIGINAL_DISPATCH(module, remove_weight=False)
+            repacked += 1
         t3 = time.perf_counter()
         return {"receive_s": t1 - t0, "load_s": t2 - t1, "repack_s": t3 - t2, "repacked": float(repacked)}
 

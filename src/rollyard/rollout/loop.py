@@ -193,11 +193,15 @@ class TrainingLoop:
         async with self.publisher.changing_model():
             samples = [s for g in groups for s in g.samples]
             m = await in_daemon_thread(self.trainer.train_step, samples)
-            # the eagle draft head's step, on the policy just updated (``train.draft_online``)
-            head = await in_daemon_thread(self.draft_head.step, samples) if self.draft_head else {}
             t2 = self.clock.now()
+            # the eagle draft head's step, on the policy just updated (``train.draft_online``);
+            # before the publish, which carries the head with the version
+            head = await in_daemon_thread(self.draft_head.step, samples) if self.draft_head else {}
+            t_head = self.clock.now()
             await self._publish(groups)
-        row = self._record(groups, m, last=last, took=(t0, t1, t2, self.clock.now()))
+        row = self._record(groups, m, last=last, took=(t0, t1, t2, t_head, self.clock.now()))
+        if self.draft_head:
+            row["draft_head_s"] = t_head - t2  # not in train_s or publish_s
         row.update(head)
         row.update(await self._gateway_counts())
         row.update(await self.svc.fleet.drafting_metrics())
@@ -227,10 +231,10 @@ class TrainingLoop:
         m: dict[str, Any],
         *,
         last: float,
-        took: tuple[float, float, float, float],
+        took: tuple[float, float, float, float, float],
     ) -> dict[str, Any]:
         """The step's trajectories to Parquet, and its metrics row."""
-        t0, t1, t2, t3 = took
+        t0, t1, t2, t_head, t3 = took
         trajs = [t for g in groups for t in g.trajectories]
         write_parquet(self.run_dir.trajectory_file(self.s.step), trajs)
         wall = max(self.clock.now() - last, 1e-9)
@@ -248,7 +252,7 @@ class TrainingLoop:
             "staleness": statistics.fmean(max(0, version - 1 - g.policy_version) for g in groups),
             "trainer_idle_fraction": (t1 - t0) / wall,
             "train_s": t2 - t1,
-            "publish_s": t3 - t2,  # weights sent (memory) or saved and reloaded (disk), all engines
+            "publish_s": t3 - t_head,  # weights sent (memory) or saved and reloaded (disk), all engines
             **{f"publish_{k}": v for k, v in self.publisher.last.items()},
             "wall_s": wall,
             "loss": m.get("loss"),

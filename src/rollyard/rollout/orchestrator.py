@@ -112,6 +112,10 @@ async def train(
 
     hf_logging.disable_progress_bar()  # no "Writing model shards" bar per publish: our progress only
     say = progress or (lambda _row: None)
+    if cfg.engine.drafting.method == "eagle":
+        from rollyard.train.draft_online import check_eagle_publish
+
+        check_eagle_publish(cfg.engine.drafting, cfg.publish.mode)
     if not resume:
         run.create(cfg)
     provider = make_provider(cfg, run.root)
@@ -124,6 +128,10 @@ async def train(
     )
     train_tasks, held_out = await ensure_tasks(cfg, run.root, provider)
     start = ensure_model(cfg)
+    if cfg.engine.drafting.method == "eagle":  # a head that cannot fit fails before the warm start
+        from rollyard.train.draft_online import check_eagle_policy
+
+        check_eagle_policy(cfg.engine.drafting, start)
     if cfg.sft.enabled:
         blackbox = cfg.agent.kind == "blackbox"
         what = (

@@ -6,7 +6,7 @@ The head is what vLLM 0.32's ``eagle`` method serves for Llama targets
 with ``fc`` (2H -> H), runs one Llama decoder layer without its input norm and scores the
 result with the target's own ``lm_head``; the embeddings and ``lm_head`` are the target's
 (vLLM shares them when the checkpoint has none), so the head follows every policy update of
-those for free and the checkpoint is ~10 MB for SmolLM2-135M.
+those for free and the checkpoint is 16.8 MB for SmolLM2-135M (``fc`` and one layer).
 
 Training matches that forward exactly: the policy's hidden states and logits come from a
 no-grad forward pass, the loss is the KL from the policy's renormalised top-K next-token
@@ -18,6 +18,7 @@ only the head.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -87,14 +88,15 @@ class EagleHead(nn.Module):
             head.fc.weight[:, h:] = torch.eye(h)
             head.layer.self_attn.o_proj.weight.zero_()
             head.layer.mlp.down_proj.weight.zero_()
-        return head.to(next(policy.parameters()).dtype)
+        p = next(policy.parameters())
+        return head.to(device=p.device, dtype=p.dtype)
 
     def vllm_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under the names vLLM's ``EagleLlamaForCausalLM.load_weights`` expects."""
         out = {"fc.weight": self.fc.weight}
         for k, v in self.layer.state_dict().items():
             out[f"layers.0.{k}"] = v
-        return {k: v.detach().contiguous().clone() for k, v in out.items()}
+        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in out.items()}
 
     def load_vllm_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         self.fc.weight.data.copy_(sd["fc.weight"])
@@ -139,7 +141,8 @@ def load_head(head_dir: str | Path, policy: nn.Module) -> EagleHead:
         head.load_vllm_state_dict(load_file(str(d / HEAD_FILE)))
     except (KeyError, RuntimeError) as e:
         raise ConfigError(f"engine.drafting.head: {d} does not fit the policy: {e}") from e
-    return head.to(next(policy.parameters()).dtype)
+    p = next(policy.parameters())
+    return head.to(device=p.device, dtype=p.dtype)  # beside the policy (its CUDA device, if any)
 
 
 @dataclass
@@ -157,10 +160,11 @@ class Targets:
 def policy_targets(policy: nn.Module, rows: list[list[int]], topk: int, max_len: int = 1024) -> list[Targets]:
     """One no-grad forward per row (cut to its last ``max_len`` tokens); rows under 2 tokens skip."""
     out = []
+    device = next(policy.parameters()).device
     for r in rows:
         if len(r) < 2:
             continue
-        ids = torch.tensor(r[-max_len:], dtype=torch.long)
+        ids = torch.tensor(r[-max_len:], dtype=torch.long, device=device)
         hidden = policy.model(input_ids=ids[None]).last_hidden_state[0]  # post-norm, as vLLM passes
         top, top_ids = policy.lm_head(hidden).topk(topk, dim=-1)
         out.append(Targets(ids, hidden, top, top_ids))
@@ -190,6 +194,7 @@ class HeadTrainer:
         self.head, self.policy, self.topk = head, policy, topk
         self.opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.0)
         self.steps = 0
+        self.skipped = 0  # steps whose loss or gradient was not finite (not applied)
 
     def step(self, targets: list[Targets]) -> dict[str, float]:
         if not targets:
@@ -205,6 +210,13 @@ class HeadTrainer:
             for k in sums:
                 sums[k] += float(out[k]) * w
         grad = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0))
+        loss = sums["kl"] + sums["reg"]
+        if not (math.isfinite(loss) and math.isfinite(grad)):
+            # a diverged step would poison the head (and a memory publish's pack then fails
+            # the run): leave the weights and the optimizer as they were, and count it
+            self.opt.zero_grad(set_to_none=True)
+            self.skipped += 1
+            return {"draft_head_skipped": 1.0}
         before = [p.detach().clone() for p in self.head.parameters()]
         self.opt.step()
         delta = sum(
@@ -217,6 +229,7 @@ class HeadTrainer:
             "draft_head_top1": sums["top1"],
             "draft_head_grad": grad,
             "draft_head_delta": delta**0.5,  # L2 norm of this step's change to the head's weights
+            "draft_head_skipped": 0.0,
         }
 
 

@@ -6,7 +6,13 @@ cache by what decides it. With ``online: true`` ``OnlineHead`` then runs one Top
 RL step on that step's trajectories, against the policy just updated, and the head goes out
 with the new version (disk: written into its dir as ``draft_head/`` before the engines reload;
 memory: its tensors after the policy's), which the worker extension loads into vLLM's drafter
-in the same RPC: the engines' head always matches the policy version they serve.
+in the same RPC as that version's policy. What holds: after each publish every engine serves
+the head trained against the version it serves (and in memory mode a restarted engine's
+catch-up gets it too). What does not: an engine restarted in disk mode comes back with the
+starting head (its launch's ``head``) beside the live policy until the next publish; a failed
+disk publish rolls the engines back to the previous version's dir, and when that is the base
+(v0, no ``draft_head/``) they keep the head just loaded; and the head and its
+optimizer are not checkpointed, so a resumed run trains on from the starting head.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +29,15 @@ from rollyard.core.errors import ConfigError
 from rollyard.core.sample import Sample
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
-from rollyard.train.draft_head import EagleHead, HeadTrainer, load_head, policy_targets, save_head, warm_train
+from rollyard.train.draft_head import (
+    EagleHead,
+    HeadTrainer,
+    head_config,
+    load_head,
+    policy_targets,
+    save_head,
+    warm_train,
+)
 from rollyard.train.memory_publish import MemoryLinks
 from rollyard.train.publish import WeightPublisher
 
@@ -39,7 +53,8 @@ def _rows(samples: Sequence[Sample], n: int, max_len: int) -> list[list[int]]:
     return [s.token_ids[-max_len:] for s in longest]
 
 
-def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
+def _key(start: Path, demos: Path | None, cfg: DraftingConfig, seed: int) -> str:
+    """What decides an auto head: the policy, the demos, the head knobs and the warm start's seed."""
     parts: dict[str, Any] = {
         "policy": [
             (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(start.glob("*.safetensors"))
@@ -47,9 +62,36 @@ def _key(start: Path, demos: Path | None, cfg: DraftingConfig) -> str:
         "policy_dir": str(start.resolve()),
         "demos": hashlib.sha256(demos.read_bytes()).hexdigest() if demos else None,
         "head": cfg.model_dump(mode="json", include={"topk", "warm_steps", "max_len", "lr"}),
+        "seed": seed if demos else None,  # the warm start's row draws; no warm start, no draws
         "recipe": 1,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_eagle_publish(cfg: DraftingConfig, publish_mode: str) -> None:
+    """Before anything starts: the CUDA (NCCL) memory publish does not carry an online head."""
+    from rollyard.engines.launcher import has_cuda_gpu
+
+    if cfg.method == "eagle" and cfg.online and publish_mode == "memory" and has_cuda_gpu():
+        raise ConfigError(
+            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
+            "the head; use publish.mode: disk or online: false"
+        )
+
+
+def check_eagle_policy(cfg: DraftingConfig, start: Path) -> None:
+    """Before the warm start: the policy is one an eagle head fits (Llama), and ``topk`` is
+    within its vocabulary."""
+    if cfg.method != "eagle":
+        return
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(start)
+    head_config(config)  # ConfigError for a non-Llama policy
+    if cfg.topk > config.vocab_size:
+        raise ConfigError(
+            f"engine.drafting.topk: {cfg.topk} is over the policy's vocabulary ({config.vocab_size})"
+        )
 
 
 def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int = 0) -> DraftingConfig:
@@ -64,7 +106,7 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
             "engine.drafting.head: auto warm-trains on the SFT warm start's demonstrations: "
             "turn on sft, give a head dir, or set warm_steps: 0"
         )
-    out = cache_dir() / "models" / "eagle-heads" / _key(start, demos if cfg.warm_steps else None, cfg)
+    out = cache_dir() / "models" / "eagle-heads" / _key(start, demos if cfg.warm_steps else None, cfg, seed)
     if not (out / HEAD_FILE).is_file():
         import torch
         from transformers import AutoModelForCausalLM
@@ -86,29 +128,35 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
 
 class OnlineHead:
     """The head trained beside the policy: ``step`` after each policy step, ``write_beside``
-    into each published version's dir."""
+    into each published version's dir.
 
-    def __init__(self, cfg: DraftingConfig, policy: Any) -> None:
+    ``model`` is called each step: a multi-rank trainer's ``model`` is a fresh gathered copy
+    after every step, so a model kept once would stay the starting policy."""
+
+    def __init__(self, cfg: DraftingConfig, model: Callable[[], Any]) -> None:
         self.cfg = cfg
-        self.policy = policy
+        self.model = model
+        policy = model()
         self.head = load_head(cfg.head, policy)
         self.trainer = HeadTrainer(self.head, policy, topk=cfg.topk, lr=cfg.lr)
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One head step on the step's longest ``rows`` trajectories (one no-grad policy
         forward each, on the policy as just updated)."""
-        was_training = self.policy.training
-        self.policy.eval()
+        policy = self.model()
+        self.trainer.policy = policy
+        was_training = policy.training
+        policy.eval()
         try:
-            targets = policy_targets(
-                self.policy, _rows(samples, self.cfg.rows, self.cfg.max_len), self.cfg.topk
-            )
+            rows = _rows(samples, self.cfg.rows, self.cfg.max_len)
+            targets = policy_targets(policy, rows, self.cfg.topk, self.cfg.max_len)
         finally:
-            self.policy.train(was_training)
+            policy.train(was_training)
         if not targets:
             return {}
         out = self.trainer.step(targets)
         out["draft_head_steps"] = float(self.trainer.steps)
+        out["draft_head_skipped_total"] = float(self.trainer.skipped)
         return out
 
     def write_beside(self, version_dir: Path) -> None:
@@ -128,14 +176,12 @@ def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -
     model = getattr(trainer, "model", None)
     if model is None or not hasattr(model, "model"):
         raise ConfigError("engine.drafting.online with method eagle needs a transformers Llama policy")
-    head = OnlineHead(cfg, model)
+    head = OnlineHead(cfg, lambda: trainer.model)
     if publisher.mode == "disk":
         publisher.beside = head.write_beside
     elif isinstance(publisher.links, MemoryLinks):
         publisher.links.extra = head.named_weights
-    else:
-        raise ConfigError(
-            "engine.drafting.online with method eagle: the CUDA (NCCL) memory publish does not carry "
-            "the head; use publish.mode: disk or online: false"
-        )
+    else:  # checked before the run started (``check_eagle_publish``); kept against a bypass
+        check_eagle_publish(cfg, "memory")
+        raise ConfigError("engine.drafting.online with method eagle: this publish cannot carry the head")
     return head
