@@ -50,7 +50,7 @@ def _workload(programs: int, turns: int) -> Workload:
 async def _hop(engine_url: str, n: int = 30) -> float:
     """The canned engine's answer time, one request at a time: the gateway's engine call."""
     body = {"model": "tiny", "prompt": list(range(100, 2100)), "max_tokens": 32, "temperature": 1.0,
-            "logprobs": 0, "return_token_ids": True}  # fmt: skip
+            "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
     times = []
     async with httpx.AsyncClient(timeout=60) as client:
         for _ in range(n):

@@ -62,7 +62,8 @@ async def _info(client: httpx.AsyncClient) -> dict[str, Any]:
 
 # What the gateway sends vLLM for a program's turn (``VLLMBackend.completion_body`` with the
 # default sampling at temperature 1, as RL rollouts run): sampled, with the chosen token's
-# logprob and token ids returned. Greedy decoding without logprobs, what calibration used to
+# logprob, its ids as ``"token_id:N"`` tokens (not ``return_token_ids``, which also echoes the
+# prompt's ids). Greedy decoding without logprobs, what calibration used to
 # ask for, skips the sampler's softmax over the vocabulary, a large share of a tiny model's
 # step on a CPU, so its profile was too fast for the live runs it was meant to predict.
 GATEWAY_SAMPLING: dict[str, Any] = {
@@ -70,7 +71,7 @@ GATEWAY_SAMPLING: dict[str, Any] = {
     "top_p": 1.0,
     "top_k": -1,
     "logprobs": 0,
-    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
     "skip_special_tokens": False,
 }
 
