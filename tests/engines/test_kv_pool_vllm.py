@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from rollyard.core.engine_key import engine_headers
 from rollyard.engines.kvpool import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster, master_binary
-from rollyard.engines.launcher import VLLMServer
+from rollyard.engines.launcher import VLLMServer, start_together
 from rollyard.engines.metrics import prompt_token_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -65,14 +64,8 @@ def engine_pair(
         )
         for i in range(2)
     ]
-    threads = [threading.Thread(target=s.start) for s in servers]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not all(s.alive() for s in servers):
-            pytest.fail(f"an engine did not start (logs in {tmp})")
+        start_together(servers, tmp)
         yield servers[0].url, servers[1].url
     finally:
         for s in servers:

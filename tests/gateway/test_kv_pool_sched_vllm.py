@@ -19,7 +19,7 @@ import uvicorn
 from rollyard.core.engine_key import engine_headers
 from rollyard.engines.kvpool import KVPoolConfig
 from rollyard.engines.kvpool.config import kv_bytes_per_token
-from rollyard.engines.launcher import VLLMServer, free_port
+from rollyard.engines.launcher import VLLMServer, free_port, start_together
 from rollyard.engines.metrics import prompt_token_sources
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway import FastTokenizer, Gateway, build_gateway, create_app
@@ -36,14 +36,8 @@ def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     pool = KVPoolConfig(kind="local", root=str(tmp / "pool"))
     common = dict(kv_tokens=4096, max_model_len=1024, served_name="tiny", kv_pool=pool, startup_timeout_s=900)
     servers = [VLLMServer(tiny_model_dir, log_path=tmp / f"e{i}.log", **common) for i in range(2)]
-    threads = [threading.Thread(target=s.start) for s in servers]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not all(s.alive() for s in servers):
-            pytest.fail(f"an engine did not start (logs in {tmp})")
+        start_together(servers, tmp)
         yield [s.url for s in servers]
     finally:
         for s in servers:

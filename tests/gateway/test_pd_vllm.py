@@ -6,7 +6,6 @@ engines' own prompt-token counters); at T=0 the answer equals the colocated one.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from tests.gateway.test_kv_pool_sched_vllm import serve
 from rollyard.core.engine_key import engine_headers
 from rollyard.core.trajectory import Trajectory
 from rollyard.engines.kvpool import KVPoolConfig
-from rollyard.engines.launcher import VLLMServer
+from rollyard.engines.launcher import VLLMServer, start_together
 from rollyard.engines.metrics import prompt_token_sources
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway import FastTokenizer, build_gateway
@@ -36,14 +35,8 @@ def engines(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         VLLMServer(tiny_model_dir, log_path=tmp / f"{role}.log", role=role, **common)  # type: ignore[arg-type]
         for role in ("prefill", "decode")
     ]
-    threads = [threading.Thread(target=s.start) for s in servers]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not all(s.alive() for s in servers):
-            pytest.fail(f"an engine did not start (logs in {tmp})")
+        start_together(servers, tmp)
         assert '"kv_role": "kv_producer"' in " ".join(servers[0].command())
         assert '"kv_role": "kv_both"' in " ".join(servers[1].command())
         yield [s.url for s in servers]

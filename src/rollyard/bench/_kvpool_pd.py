@@ -25,7 +25,7 @@ import httpx
 from rollyard.core.engine_key import engine_headers
 from rollyard.engines.kvpool import KVPoolConfig
 from rollyard.engines.kvpool.config import Role
-from rollyard.engines.launcher import VLLMServer
+from rollyard.engines.launcher import VLLMServer, start_together
 from rollyard.engines.metrics import prompt_token_sources
 
 PD_PROMPT = 900  # tokens per program's first prompt
@@ -92,14 +92,8 @@ def pd_phase(
         VLLMServer(model, log_path=tmp / f"pd-{r}.log", startup_timeout_s=900.0, role=r, **common)
         for r in roles
     ]
-    threads = [threading.Thread(target=s.start) for s in servers]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if not all(s.alive() for s in servers):
-            raise RuntimeError(f"bench kvpool pd: an engine did not start (logs in {tmp})")
+        start_together(servers, tmp)
         urls = [s.url for s in servers]
         rng = random.Random(5)
         prompts = [[rng.randrange(10, vocab) for _ in range(PD_PROMPT)] for _ in range(2 * n)]

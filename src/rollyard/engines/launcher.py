@@ -20,7 +20,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -321,3 +323,16 @@ class VLLMServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def start_together(servers: Sequence[VLLMServer], logs: Path) -> None:
+    """Start every server at once, each start waiting on its own engine (two engines loading
+    side by side take about as long as one on a loaded host); ``EngineStartError`` naming where
+    the logs are when any did not come up."""
+    threads = [threading.Thread(target=s.start) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not all(s.alive() for s in servers):
+        raise EngineStartError(f"an engine did not start (logs in {logs})")
