@@ -98,21 +98,31 @@ def test_a_program_on_a_busy_engine_moves_to_an_idle_one_and_loads_its_context(
         first = chat(url, p, history)  # placed on e0 (both empty); its time there is measured
         assert state.engines["e0"].service_s > 0
         chat(url, program(url, 8), [{"role": "user", "content": words(500, 2)}])  # e1: fewer tokens
-        hog = program(url, 300, ignore_eos=True)  # goes to e0 (fewer tokens there) and holds its slot
-        busy = threading.Thread(target=chat, args=(url, hog, [{"role": "user", "content": "go"}]))
+        before = sources(engines[1])
+        # goes to e0 (fewer tokens there) and holds its slot for as long as the model length allows
+        # (a 300-token hog ended before turn 2 arrived on a fast CI machine)
+        hog = program(url, 1000, ignore_eos=True)
+        hog_done: list[float] = []
+
+        def hold() -> None:
+            chat(url, hog, [{"role": "user", "content": "go"}])
+            hog_done.append(time.monotonic())
+
+        busy = threading.Thread(target=hold)
         busy.start()
-        for _ in range(600):
+        for _ in range(1200):
             if state.engines["e0"].in_flight == 1:
                 break
-            time.sleep(0.05)
+            time.sleep(0.01)
         assert state.engines["e0"].in_flight == 1, "the long request did not start on e0"
-        before = sources(engines[1])
         history += [first["choices"][0]["message"], {"role": "user", "content": words(40, 3)}]
+        sent = time.monotonic()
         second = chat(url, p, history)
         after = sources(engines[1])
         busy.join(600)
         moves = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
-        assert gw.pool.counts["pool_moves"] == 1 and gw.pool.counts["moves"] == 1
+        assert hog_done and hog_done[0] > sent, "the hog ended before turn 2 was sent: nothing to move from"
+        assert gw.pool.counts["pool_moves"] == 1 and gw.pool.counts["moves"] == 1, gw.pool.counts
         assert 'rollyard_sched_moves_total{why="pool"} 1.0' in moves
         # turn 2 ran on e1 and loaded turn 1's full blocks (prompt and output) from the pool
         context1 = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]

@@ -165,6 +165,7 @@ async def one_round(
     lengths: list[list[int]],
     variant: str,
     cfg: dict[str, Any],
+    pool_options: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     from rollyard.engines.vllm import VLLMBackend
     from rollyard.gateway import FastTokenizer, build_gateway
@@ -180,7 +181,7 @@ async def one_round(
             Path(tmp) / "journal.db",
             "bench-admin",
             "tiny",
-            policy=make_policy(preset, **parts),  # type: ignore[arg-type]
+            policy=make_policy(preset, **parts, **(pool_options or {})),  # type: ignore[arg-type]
             capacity=cfg["capacity"],
             divide_tokens=cfg["chunk"] if divided else None,
         )
@@ -235,7 +236,8 @@ async def one_round(
 
 def _kv_pool(stack: Any, tmp: Path) -> Any:
     """``ROLLYARD_BENCH_SEER_KV_POOL=mooncake|local``: the engines share a KV pool, so a moved
-    chunk loads its context instead of re-prefilling it (``docs/kv-pool.md``)."""
+    chunk loads its context instead of re-prefilling it, and the router prices the move as a
+    load, as ``rollyard train`` sets it up (``docs/kv-pool.md``)."""
     from rollyard.engines.kvpool import KVPoolConfig
     from rollyard.engines.kvpool.mooncake import MooncakeMaster
 
@@ -258,6 +260,11 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
     with ExitStack() as stack:
         pool = _kv_pool(stack, model_dir.parent)
+        priced: dict[str, float] = {}
+        if pool.enabled:
+            from rollyard.engines.kvpool.config import kv_bytes_per_token
+
+            priced["pool_load_tok_s"] = pool.load_tok_s(kv_bytes_per_token(model_dir, "float32"))
         servers = [
             VLLMServer(
                 model_dir,
@@ -279,7 +286,7 @@ async def _run(model_dir: Path, cfg: dict[str, Any]) -> dict[str, list[dict[str,
         for r in range(cfg["rounds"]):
             lengths = workload(cfg["groups"], cfg["group_size"], r, cfg["min_len"], cfg["max_len"])
             for v in names[r % 3 :] + names[: r % 3]:  # rotate so drift does not favour one
-                res = await one_round(urls, model_dir, lengths, v, cfg)
+                res = await one_round(urls, model_dir, lengths, v, cfg, priced)
                 res["load"] = os.getloadavg()[0]
                 results[v].append(res)
                 shown = {k: x for k, x in res.items() if k != "timeline"}

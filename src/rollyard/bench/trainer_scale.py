@@ -8,13 +8,14 @@
   completions) with SmolLM2's head (vocab 49,152, hidden 576, random weights): the chunked head
   (``trainer.logits_chunk``, default) vs the full (L, V) logits. torch on CPU has no
   ``max_memory_allocated`` and its allocations are invisible to tracemalloc, so each variant runs
-  in a fresh process and reports its RSS high-water rise (``ru_maxrss``) over the inputs'
-  footprint; freed pages count as long as they were touched at the peak, which is what we want.
+  in a fresh process and reports its RSS high-water rise (``VmHWM``, reset before the step) over
+  the inputs' footprint; freed pages count as long as they were touched at the peak, which is what
+  we want.
 - ``mask_build_s_32k``, ``mask_mb_32k``: the flex ``BlockMask`` of a 32,768-token forest (8 such
   groups) built from the DFS ranges: median wall time of 5 builds, and its memory: the larger of
-  the RSS rise over its imports in a fresh process that loads only the ranges (packing happens in
-  the parent; 0 when the build stays under the imports' high-water mark) and the traced numpy
-  peak of one build plus the bytes of the mask's tensors.
+  the RSS high-water rise of the builds in a fresh process that loads only the ranges (packing
+  happens in the parent) and the traced numpy peak of one build plus the bytes of the mask's
+  tensors.
   Baseline beside it: ``create_block_mask`` (every (q, kv) pair evaluated) at 4,096 tokens; at
   32k it took 38 s and 11.4 GB here, too much to rerun on a shared 24 GB host.
 - ``plan_7b_headroom_gb``: ``rollyard plan``'s headroom for Qwen2.5-7B, bf16, FSDP2, activation
@@ -66,9 +67,34 @@ def _group_forest(tokens: int, groups: int, vocab: int, seed: int = 0) -> Any:
     return pack_samples(samples, token_budget=1 << 22, max_tree_tokens=1 << 22).micro_batches[0]
 
 
-def _rss_mb() -> float:
-    """This process's RSS high-water mark, MB (1e6 B)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux: KiB
+def _status_mb(field: str) -> float:
+    """One ``/proc/self/status`` line (``VmRSS``, ``VmHWM``: kB), MB (1e6 B)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _peak_start() -> float:
+    """Start a peak measurement here: the RSS high-water mark is reset to the current RSS (writing
+    5 to ``clear_refs``), so the rise is over what is resident now, not over an earlier peak (the
+    imports' or the inputs' build, which a small step stays under: a rise of 0). Where the reset is
+    not allowed, the rise is over the old high-water mark (``ru_maxrss``)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_mb("VmRSS")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6  # Linux: KiB
+
+
+def _peak_rise(start: float) -> float:
+    """The RSS high-water rise since ``_peak_start``, MB."""
+    try:
+        return _status_mb("VmHWM") - start
+    except (OSError, RuntimeError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6 - start
 
 
 def run_logits(variant: str, tokens: int) -> dict[str, Any]:
@@ -94,12 +120,12 @@ def run_logits(variant: str, tokens: int) -> dict[str, Any]:
         loss.backward()
         return float(loss.detach())
 
-    before = _rss_mb()
+    before = _peak_start()
     t0 = time.perf_counter()
     loss = step()
     seconds = time.perf_counter() - t0
     return {
-        "rss_rise_mb": _rss_mb() - before,
+        "rss_rise_mb": _peak_rise(before),
         "seconds": seconds,
         "loss": loss,
         "head_grad_norm": float(head.grad.norm()),  # type: ignore[union-attr]
@@ -135,13 +161,13 @@ def run_mask(variant: str, path: str) -> dict[str, Any]:
         def build() -> Any:
             return ranges_block_mask(end, "cpu")
 
-    before = _rss_mb()
+    before = _peak_start()
     times = []
     for _ in range(5 if variant == "ranges" else 1):
         t0 = time.perf_counter()
         mask = build()
         times.append(time.perf_counter() - t0)
-    rise = _rss_mb() - before
+    rise = _peak_rise(before)
     tracemalloc.start()  # numpy's temporaries are traced (torch's are not; the mask's own are below)
     mask = build()
     traced = tracemalloc.get_traced_memory()[1] / 1e6
