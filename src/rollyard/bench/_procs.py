@@ -79,10 +79,12 @@ def _engine(
     startup_timeout_s: float = 300.0,
     max_model_len: int = 2048,
     model_dir: Path | None = None,
+    autogroup_nice: int = 0,
 ) -> Iterator[tuple[str, Path]]:
     """The benches' engine: the tiny model (or ``model_dir``) on a fresh local vLLM, or the one
     named by ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` (then ``kv_tokens`` is
-    its own)."""
+    its own). ``autogroup_nice``: the nice value of the engine's session, its scheduling group (see
+    above; a plain nice only ranks processes inside one session)."""
     url, model = os.environ.get("ROLLYARD_BENCH_ENGINE_URL"), os.environ.get("ROLLYARD_BENCH_MODEL_DIR")
     if url and model and model_dir is None:
         yield url, Path(model)
@@ -99,6 +101,9 @@ def _engine(
             served_name="tiny",
             startup_timeout_s=startup_timeout_s,
         ) as server:
+            if autogroup_nice and server.proc is not None:
+                with contextlib.suppress(OSError):  # a kernel without autogroup: as it is
+                    Path(f"/proc/{server.proc.pid}/autogroup").write_text(str(autogroup_nice))
             yield server.url, model_dir
 
 

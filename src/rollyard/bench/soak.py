@@ -31,7 +31,8 @@ figure also holds its own wait for a CPU). The load average is recorded: on the 
 machine the engine, the gateway and this client share cores. So is the loop thread's own
 scheduling (``/proc/PID/task/PID/schedstat``): its share of a core, and the share of the run it
 spent runnable but waiting for a CPU (``loop_runq_wait``), with the host's CPU pressure (PSI)
-beside it: a loop that waits for a CPU is late whatever its own work.
+beside it: a loop that waits for a CPU is late whatever its own work. The engine's session runs
+at autogroup nice ``ENGINE_NICE`` (below): on a GPU host its compute is off the CPU.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ ABANDON_EVERY = 10  # every 10th program of a client is never finished
 # so the TTL is above the run's length: abandoned programs stay; tests/gateway/test_idle*.py
 # show the TTL ending them.
 IDLE_TTL_S = 300
+# The engine's session's autogroup nice (``ROLLYARD_BENCH_SOAK_ENGINE_NICE``, default 10): on a GPU
+# host the engine's compute runs on the GPU, here it runs on the two cores the gateway needs, so
+# the engine yields them when the gateway is runnable. 0 reproduces the earlier runs.
+ENGINE_NICE = 10
 SLOW_CONNS = 3000  # idle partial connections of the slow-client phase (``_soak_slow``)
 BIG = 10 * 1024 * 1024
 _RESETS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -299,9 +304,14 @@ def main(quick: bool = False) -> dict[str, Any]:
     ttl = ["--program-idle-ttl-s", str(IDLE_TTL_S)]
     fd_limit = raise_fd_limit()  # before the gateway starts: it inherits the limit
     slow = fitting_conns(SLOW_CONNS // (3 if quick else 1), reserve=2 * concurrency + 1024)
-    with _engine() as (engine_url, model_dir), _gateway(engine_url, model_dir, ttl) as (url, pid):
+    nice = int(os.environ.get("ROLLYARD_BENCH_SOAK_ENGINE_NICE", ENGINE_NICE))
+    with (
+        _engine(autogroup_nice=nice) as (engine_url, model_dir),
+        _gateway(engine_url, model_dir, ttl) as (url, pid),
+    ):
         res = asyncio.run(_run(url, pid, seconds, programs, concurrency, slow))
     res["loadavg_before"], res["loadavg_after"] = load_before, os.getloadavg()
+    res["engine_autogroup_nice"] = nice
     res["concurrency"], res["fd_limit"] = concurrency, fd_limit
     summary = {
         "requests": res["requests"],
@@ -323,6 +333,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "loop_lag_p99_ms": res["loop_lag_p99_ms"],
         "loop_runq_wait": res["loop_thread_runq_wait_share"],
         "load1": res["loadavg_after"][0],
+        "engine_nice": nice,
         "idle_ended": res["programs_idle_ended"],
         "engine_resends": res["engine_resends"],
         "engine_retries": res["engine_retries"],
