@@ -1,16 +1,16 @@
-"""``rollyard bench sim``'s gateway-bound validation: is the simulated gateway queue right where
-the gateway is the bottleneck?
+"""``rollyard bench sim``'s gateway-bound validation: is the simulated gateway queue right where the
+gateway is the bottleneck?
 
 The canned engine (answers at once) behind a real ``rollyard gateway`` pinned to one core
-(``taskset``). The gateway is calibrated there first (``rollyard sim calibrate --gateway``'s
-waves, same process, same core), the engine hop is timed directly (the median of sequential
-requests to the canned engine: ``request_s``). Then at three load levels (closed loops of
-``LEVELS`` programs, each playing agent turns whose history grows, no tool sleep) the programs
-run live (``_sim_live.run_live``, as the engine validation does) and each trace is replayed in
-the simulator: an engine that costs nothing but its hop, in front of the calibrated gateway of
-one shard of one core. Reported: each level's live and simulated throughput and their error,
-and the share of its core the live gateway got (``live_gateway_cores``: the model gives the
-gateway its core whole, a shared machine does not); ``err_thr_gateway_bound`` is the worst level's.
+(``taskset``). The gateway is calibrated there right before each level (``rollyard sim calibrate
+--gateway``'s waves, same process, same core), the engine hop is timed directly (the median of
+sequential requests to the canned engine: ``request_s``). Then at three load levels (closed loops of
+``LEVELS`` programs, each playing agent turns whose history grows, no tool sleep) the programs run
+live (``_sim_live.run_live``, as the engine validation does) and each trace is replayed in the
+simulator: an engine that costs nothing but its hop, in front of the calibrated gateway of one shard
+of one core. Reported: each level's live and simulated throughput and their error, and the share of
+its core the live gateway got (``live_gateway_cores``: the model gives the gateway its core whole, a
+shared machine does not); ``err_thr_gateway_bound`` is the worst level's.
 """
 
 from __future__ import annotations
@@ -60,8 +60,20 @@ async def _hop(engine_url: str, n: int = 30) -> float:
     return statistics.median(times)
 
 
+def _calibrate(url: str, pid: int, core: str, turns: int) -> tuple[Any, str]:
+    """The pinned gateway's cost model from ``rollyard sim calibrate --gateway``'s waves, now."""
+    points = asyncio.run(
+        _measure(url, pid, concurrency=32, turns=turns, tool_words=250, outputs=(32, 256), repeats=1)
+    )
+    return gateway_cost(points, f"pinned to core {core}, bench sim")
+
+
 def gateway_bound(turns: int = 8, core: str = "0") -> dict[str, Any]:
-    """Calibrate the pinned gateway, then each level live and simulated."""
+    """Each level: calibrate the pinned gateway, then run the level live and simulated.
+
+    Calibrated again right before each level (seconds, on the same gateway): one calibration ahead
+    of all three left the later levels with a cost measured minutes earlier, and the gateway's CPU
+    per request drifted between phases on this shared VM (errors of either sign, 0.10-0.30)."""
     out: dict[str, Any] = {"core": core, "levels": {}, "load1_before": os.getloadavg()[0]}
     # everything else (this client, the canned engine) on the other cores, so the gateway's
     # core is its own, as the model has it
@@ -74,24 +86,24 @@ def gateway_bound(turns: int = 8, core: str = "0") -> dict[str, Any]:
         _gateway(engine_url, model_dir, ["--policy", "fifo"]) as (url, pid),
     ):
         pin(pid, core)
-        points = asyncio.run(
-            _measure(url, pid, concurrency=32, turns=turns, tool_words=250, outputs=(32, 256), repeats=1)
-        )
-        cost, comment = gateway_cost(points, f"pinned to core {core}, bench sim")
         hop = asyncio.run(_hop(engine_url))
-        out |= {"gateway": cost.model_dump(mode="json"), "fit": comment, "request_s": hop}
-        profile = EngineProfile(
-            name="canned", source="the canned engine: no compute, its HTTP hop only", overhead_s=1e-6,
-            per_token_s=0.0, request_s=hop, block_size=16, num_blocks=MAX_LEN * 64 // 16, max_num_seqs=1024,
-            max_batched_tokens=1 << 20, max_model_len=MAX_LEN, gateway=cost,
-        )  # fmt: skip
+        out["request_s"] = hop
         for c in LEVELS:
+            cost, comment = _calibrate(url, pid, core, turns)
+            out.setdefault("gateway", cost.model_dump(mode="json"))  # the first level's, as before
+            out.setdefault("fit", comment)
+            profile = EngineProfile(
+                name="canned", source="the canned engine: no compute, its HTTP hop only", overhead_s=1e-6,
+                per_token_s=0.0, request_s=hop, block_size=16, num_blocks=MAX_LEN * 64 // 16,
+                max_num_seqs=1024, max_batched_tokens=1 << 20, max_model_len=MAX_LEN, gateway=cost,
+            )  # fmt: skip
             w = _workload(c, turns)
             cpu0 = _cpu_seconds(pid)
             live = run_live(url, engine_url, w.plans())
-            cores = (_cpu_seconds(pid) - cpu0) / live.makespan_s  # of its one pinned core
+            cpu = _cpu_seconds(pid) - cpu0
             sim = Simulation(w, make_policy("fifo"), profile, plans=live.plans).run().summary
             lv = live.summary()
+            requests = sum(len(p.turns) for p in live.plans)
             out["levels"][c] = {
                 "live_tok_s": lv["output_tok_s"],
                 "sim_tok_s": sim["output_tok_s"],
@@ -101,7 +113,11 @@ def gateway_bound(turns: int = 8, core: str = "0") -> dict[str, Any]:
                 "sim_gateway_util": sim["gateway_util"],
                 # the live gateway's share of its core: well under 1 while the simulated gateway,
                 # which owns its core, is the bottleneck, means other processes took the core
-                "live_gateway_cores": cores,
+                "live_gateway_cores": cpu / live.makespan_s,
+                # where an error comes from: the gateway's CPU per request live, and the model's
+                "live_cpu_ms_per_req": 1000 * cpu / requests,
+                "sim_cpu_ms_per_req": 1000 * sim["gateway_util"] * sim["makespan_s"] / requests,
+                "gateway": cost.model_dump(mode="json"),
                 "load1": os.getloadavg()[0],
             }
     out["err_thr_gateway_bound"] = max(v["err_thr"] for v in out["levels"].values())
