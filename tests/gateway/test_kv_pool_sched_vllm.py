@@ -1,8 +1,10 @@
 """The scheduler weighs the shared KV pool on real engines: two tiny-model engines share
-``engine.kv_pool: {kind: local}``, the gateway runs the ``rollyard`` policy with the pool's rate
-derived as ``rollyard train`` derives it, and a program whose engine is busy moves to the idle
-one, charged a load instead of a re-prefill (``rollyard_sched_moves_total{why="pool"}``), where
-that engine loads its context's blocks from the pool (the engines' own prompt-token counters)."""
+``engine.kv_pool: {kind: local}`` and the gateway's policy has the pool's rate derived as
+``rollyard train`` derives it. A program whose engine is busy moves to the idle one, charged a
+load instead of a re-prefill (``rollyard_sched_moves_total{why="pool"}``); a program paused on
+an engine out of KV room is restored on the other (``rollyard_sched_pool_restores_total``). In
+both, the engine it lands on loads its context's blocks from the pool (the engines' own
+prompt-token counters)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from rollyard.sched import make_policy
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 ADMIN = "kvpool-sched-admin"
 BLOCK = 64
+BUDGET = 1000  # KV tokens per engine the pausing policy plans for (the restore test)
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +59,16 @@ def serve(gw: Gateway) -> tuple[str, uvicorn.Server, threading.Thread]:
     return f"http://127.0.0.1:{port}", server, t
 
 
-def program(url: str, max_tokens: int, ignore_eos: bool = False) -> str:
+def made(url: str, max_tokens: int, ignore_eos: bool = False) -> tuple[str, str]:
+    """A new program at T=0: its id and API key."""
     body = {"sampling": {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": ignore_eos}}
     r = httpx.post(f"{url}/programs", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
     assert r.status_code == 201, r.text
-    return str(r.json()["api_key"])
+    return str(r.json()["id"]), str(r.json()["api_key"])
+
+
+def program(url: str, max_tokens: int, ignore_eos: bool = False) -> str:
+    return made(url, max_tokens, ignore_eos)[1]
 
 
 def chat(url: str, key: str, messages: list[dict[str, str]]) -> dict:
@@ -133,3 +141,55 @@ def test_a_program_on_a_busy_engine_moves_to_an_idle_one_and_loads_its_context(
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def metrics_text(url: str) -> str:
+    return httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+
+
+def test_a_program_paused_for_room_is_restored_on_the_other_engine_and_loads_its_context(
+    engines: list[str], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """ThunderAgent's admission with a 1,000-token budget per engine: a and c share e0, b is on
+    e1; a's second turn grows e0 past the budget, so c (acting, the smallest) is paused, and the
+    next tick restores it where it fits: e1, off its own engine, so its next turn loads c's
+    first turn from the pool instead of prefilling it."""
+    rate = KVPoolConfig(kind="local").load_tok_s(kv_bytes_per_token(tiny_model_dir, "float32"))
+    policy = make_policy("thunder", tick_s=0.5, kv_tokens=BUDGET, pool_load_tok_s=rate)
+    gw = build_gateway(
+        {f"e{i}": VLLMBackend(u, name=f"e{i}") for i, u in enumerate(engines)},
+        FastTokenizer(tiny_model_dir), tmp_path / "journal.db", ADMIN, "tiny", policy=policy,
+    )  # fmt: skip
+    url, server, thread = serve(gw)
+    programs = gw.pool.scheduler.state.programs
+    try:
+        (a, a_key), (b, b_key), (c, c_key) = (made(url, 8) for _ in range(3))
+        a_history = [{"role": "user", "content": words(30, 11)}]
+        a_first = chat(url, a_key, a_history)  # e0: both engines empty, the tie goes to the name
+        chat(url, b_key, [{"role": "user", "content": words(200, 12)}])  # e1: no tokens there
+        c_history = [{"role": "user", "content": words(120, 13)}]
+        c_first = chat(url, c_key, c_history)  # e0: a's few tokens against b's many
+        assert [programs[p].engine for p in (a, b, c)] == ["e0", "e1", "e0"], programs
+        assert gw.pool.counts["pauses"] == 0, "paused before e0 was out of room"
+        a_history += [a_first["choices"][0]["message"], {"role": "user", "content": words(400, 14)}]
+        chat(url, a_key, a_history)  # ~850 tokens: e0 now claims more than the budget
+        for _ in range(300):
+            if gw.pool.counts["restores"]:
+                break
+            time.sleep(0.05)
+        assert gw.pool.counts["pauses"] == 1 and gw.pool.counts["pool_restores"] == 1, gw.pool.counts
+        assert programs[c].engine == "e1" and not programs[c].paused
+        assert "rollyard_sched_pool_restores_total 1.0" in metrics_text(url)
+        before = [sources(e) for e in engines]
+        c_history += [c_first["choices"][0]["message"], {"role": "user", "content": words(20, 15)}]
+        c_second = chat(url, c_key, c_history)
+        after = [sources(e) for e in engines]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert after[0] == before[0]  # nothing of c's second turn ran on its old engine
+    context1 = c_first["usage"]["prompt_tokens"] + c_first["usage"]["completion_tokens"]
+    loaded = after[1].get("external_kv_transfer", 0) - before[1].get("external_kv_transfer", 0)
+    computed = after[1].get("local_compute", 0) - before[1].get("local_compute", 0)
+    assert loaded >= (context1 - 1) // BLOCK * BLOCK - BLOCK > 0  # c's first turn, from the pool
+    assert loaded + computed == c_second["usage"]["prompt_tokens"]

@@ -27,7 +27,7 @@ from rollyard.engines.base import EngineStats
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import EngineProcess, VLLMServer
-from rollyard.engines.metrics import acceptance
+from rollyard.engines.metrics import acceptance, prompt_sources
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.rollout.capacity import program_slots
 from rollyard.rollout.config import Config
@@ -82,17 +82,20 @@ class EngineFleet:
     catch_up: Callable[[list[VLLMBackend]], Awaitable[None]] | None = None
     restarts: int = 0
     closing: bool = False  # set first at teardown: a dead engine is then not restarted
-    _spec_seen: list[EngineStats] | None = None
+    _stats_seen: list[EngineStats] | None = None
     pool_master: MooncakeMaster | None = None  # engine.kv_pool's master, when the fleet started it
 
-    async def drafting_metrics(self) -> dict[str, object]:
-        """Speculative decoding since the last call over all engines (``{}`` when none drafted)."""
+    async def engine_metrics(self) -> dict[str, object]:
+        """The engines' own counters since the last call, for the step row: speculative decoding
+        (``{}`` when none drafted) and where prompt tokens' KV came from (computed, cached, loaded
+        from ``engine.kv_pool``: ``prompt_sources``)."""
         try:
             now = [await b.stats() for b in self.backends]
         except EngineUnavailable:
             return {}
-        out = acceptance(self._spec_seen, now)
-        self._spec_seen = now
+        out = acceptance(self._stats_seen, now)
+        out.update(prompt_sources(self._stats_seen, now, [b.name for b in self.backends]))
+        self._stats_seen = now
         return out
 
     def live(self, path: Path, version: int) -> None:
