@@ -38,6 +38,7 @@ async def test_a_run_prefills_first_prompts_on_the_prefill_engine_and_decodes_on
             "engine.role": ["prefill", "decode"],
             "gateway.pd_min_prompt_tokens": BLOCK,  # the quick task's first prompts are short
             "publish.mode": "disk",  # the published version on disk, to compare
+            "trainer.loss.kind": "sft",  # moves the weights whatever the (often equal) rewards
         },
     )
     run = RunDir(tmp_path / "run")
