@@ -184,6 +184,7 @@ def test_a_program_paused_for_room_is_restored_on_the_other_engine_and_loads_its
         c_history += [c_first["choices"][0]["message"], {"role": "user", "content": words(20, 15)}]
         c_second = chat(url, c_key, c_history)
         after = [sources(e) for e in engines]
+        assert 'rollyard_sched_moves_total{why="restore"} 1.0' in metrics_text(url)  # re-homed by it
     finally:
         server.should_exit = True
         thread.join(10)
