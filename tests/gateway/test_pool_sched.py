@@ -143,3 +143,28 @@ def test_a_restore_onto_another_engine_is_counted_as_a_restore_move_and_a_dead_e
         assert pool.counts["moves"] == 2 and pool.counts["pool_restores"] == 0
 
     asyncio.run(go())
+
+
+def test_a_restored_program_whose_new_engine_dies_before_it_runs_is_counted_as_replaced() -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        metrics = GatewayMetrics()
+        backends = {n: StatsOnly(n) for n in ("a", "b")}
+        for b in backends.values():
+            b.stats_now = EngineStats(kv_capacity_tokens=1000)
+        pool = EnginePool(backends, Scheduler(clock, make_policy("thunder", buffer_tokens=0)), metrics)
+        await pool.refresh()
+        for pid, tokens in (("p", 100), ("q", 300), ("s", 150)):
+            pool.release(await pool.acquire(pid, tokens), 5)
+        pool.scheduler.observe("p", context_tokens=900)
+        assert pool.tick() == [Pause("s", "a")]
+        clock.advance(1)
+        assert pool.tick() == [Restore("s", "b", 1.0)]
+        pool.forget("p")  # room on a again
+        pool.mark_down("b", "test")  # s's new engine dies before s's next request
+        start = await pool.acquire("s", 160)
+        assert start.engine == "a" and start.moved_from is not None
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "replaced"}) == 1
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "restore"}) == 0
+
+    asyncio.run(go())

@@ -168,6 +168,7 @@ class EnginePool:
 
     def mark_down(self, name: str, why: str) -> None:
         moved = self.scheduler.engine_down(name)
+        self._restored.difference_update(moved)  # re-placed off a dead engine: "replaced", not "restore"
         self.metrics.engine_up.labels(name).set(0)
         log.warning("engine down engine=%s reason=%s programs_moved=%d", name, why, len(moved))
         self._pump()
