@@ -55,9 +55,10 @@ async def test_a_run_prefills_first_prompts_on_the_prefill_engine_and_decodes_on
     pre, dec = row["prompt_tokens_by_engine"]["engine0"], row["prompt_tokens_by_engine"]["engine1"]
     assert pre["computed"] > 0
     # the decode engine's first program found nothing in its own cache: every full block of its
-    # first prompt came from the pool, as the prefill engine stored it
-    assert dec["loaded"] >= BLOCK and dec["loaded"] % BLOCK == 0, dec
-    assert row["prompt_tokens_loaded"] >= dec["loaded"]
+    # first prompt (all but its last token may load) came from the pool, as the prefill engine
+    # stored it
+    assert dec["loaded"] >= (min(first) - 1) // BLOCK * BLOCK and dec["loaded"] % BLOCK == 0, (dec, first)
+    assert row["prompt_tokens_loaded"] == pre.get("loaded", 0) + dec["loaded"]
     assert row["train_grad_norm"] > 0
     before, after = _weights(tiny_model_dir), _weights(run.weights / "v000001")
     assert any(not torch.equal(before[k], after[k]) for k in before)
