@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollyard.engines import metrics
+from rollyard.engines.base import EngineStats
 from rollyard.engines.metrics import parse_vllm_metrics
 
 # The shapes vLLM 0.32's page has around the samples read: HELP/TYPE lines, ``_created`` stamps,
@@ -75,3 +76,32 @@ def test_prompt_tokens_by_source_are_summed_per_source() -> None:
         ]
     )
     assert prompt_token_sources(text) == {"local_compute": 70, "external_kv_transfer": 640}
+
+
+def _sources(**n: int) -> EngineStats:
+    names = {"computed": "local_compute", "cached": "local_cache_hit", "loaded": "external_kv_transfer"}
+    return EngineStats(prompt_tokens_by_source={names[k]: v for k, v in n.items()})
+
+
+def test_the_step_rows_prompt_sources_are_per_engine_deltas_and_a_restart_counts_from_zero() -> None:
+    from rollyard.engines.metrics import prompt_sources
+
+    before = [_sources(computed=100, loaded=0), _sources(computed=50, cached=10, loaded=640)]
+    after = [_sources(computed=400, loaded=0), _sources(computed=20, loaded=128)]  # engine1 restarted
+    row = prompt_sources(before, after, ["engine0", "engine1"])
+    assert row["prompt_tokens_by_engine"] == {
+        "engine0": {"computed": 300, "loaded": 0},
+        "engine1": {"computed": 20, "loaded": 128},
+    }
+    assert (row["prompt_tokens_computed"], row["prompt_tokens_cached"], row["prompt_tokens_loaded"]) == (
+        320,
+        0,
+        128,
+    )
+    assert prompt_sources(None, after, ["engine0", "engine1"])["prompt_tokens_computed"] == 420
+    assert prompt_sources(None, [EngineStats(), EngineStats()], ["a", "b"]) == {}  # no counter: no keys
+
+
+def test_the_page_s_prompt_sources_reach_engine_stats() -> None:
+    page = 'vllm:prompt_tokens_by_source_total{model_name="a",source="external_kv_transfer"} 64.0\n'
+    assert parse_vllm_metrics(page).prompt_tokens_by_source == {"external_kv_transfer": 64}

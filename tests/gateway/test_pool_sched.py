@@ -109,3 +109,57 @@ def test_a_program_that_ends_hands_its_kv_to_a_paused_one_without_waiting_for_a_
 
     assert asyncio.run(go("rollyard")) is True
     assert asyncio.run(go("thunder")) is False  # held until its next tick
+
+
+async def _s_restored_from_a_to_b() -> tuple[GatewayMetrics, EnginePool]:
+    """Two engines of 1,000 KV tokens under ``thunder``: p and s on a, q on b; p grows, so s is
+    paused on a and restored on b, the only engine with room for it (not run there yet)."""
+    clock = FakeClock()
+    metrics = GatewayMetrics()
+    backends = {n: StatsOnly(n) for n in ("a", "b")}
+    for b in backends.values():
+        b.stats_now = EngineStats(kv_capacity_tokens=1000)
+    pool = EnginePool(backends, Scheduler(clock, make_policy("thunder", buffer_tokens=0)), metrics)
+    await pool.refresh()
+    for pid, tokens in (("p", 100), ("q", 300), ("s", 150)):
+        pool.release(await pool.acquire(pid, tokens), 5)
+    programs = pool.scheduler.state.programs
+    assert [programs[p].engine for p in "pqs"] == ["a", "b", "a"]
+    pool.scheduler.observe("p", context_tokens=900)  # a: 900 + 150 > 1000
+    assert pool.tick() == [Pause("s", "a")]
+    clock.advance(1)
+    assert pool.tick() == [Restore("s", "b", 1.0)]
+    return metrics, pool
+
+
+def test_a_restore_onto_another_engine_is_counted_as_a_restore_move_and_a_dead_engine_as_replaced() -> None:
+    async def go() -> None:
+        metrics, pool = await _s_restored_from_a_to_b()
+        start = await pool.acquire("s", 160)
+        assert (start.engine, start.moved_from) == ("b", "a")
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "restore"}) == 1
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "replaced"}) == 0
+        pool.release(start, 5)
+        pool.release(await pool.acquire("s", 170), 5)  # its own engine now: no move
+        pool.forget("p")
+        pool.mark_down("b", "test")
+        start = await pool.acquire("q", 310)
+        assert (start.engine, start.moved_from) == ("a", "b")
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "replaced"}) == 1
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "restore"}) == 1
+        assert pool.counts["moves"] == 2 and pool.counts["pool_restores"] == 0
+
+    asyncio.run(go())
+
+
+def test_a_restored_program_whose_new_engine_dies_before_it_runs_is_counted_as_replaced() -> None:
+    async def go() -> None:
+        metrics, pool = await _s_restored_from_a_to_b()
+        pool.forget("p")  # room on a again
+        pool.mark_down("b", "test")  # s's new engine dies before s's next request
+        start = await pool.acquire("s", 160)
+        assert start.engine == "a" and start.moved_from is not None
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "replaced"}) == 1
+        assert sample(metrics, "rollyard_sched_moves_total", {"why": "restore"}) == 0
+
+    asyncio.run(go())

@@ -65,6 +65,8 @@ class EngineStats(BaseModel):
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = Field(default_factory=list)
+    # prompt tokens by where their KV came from, cumulative (``prompt_token_sources``)
+    prompt_tokens_by_source: dict[str, int] = Field(default_factory=dict)
 
 
 @runtime_checkable

@@ -30,6 +30,7 @@ _WANTED = frozenset(
         "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "vllm:prompt_tokens_by_source_total",
     }
 )
 
@@ -53,6 +54,7 @@ def parse_vllm_metrics(text: str) -> EngineStats:
     """Sum each metric over its label sets (one engine may report several model labels)."""
     values: dict[str, float] = {}
     per_pos: dict[int, int] = {}
+    sources: dict[str, int] = {}
     kv_capacity = 0
     for family in text_string_to_metric_families(_wanted_lines(text)):
         for s in family.samples:
@@ -67,6 +69,10 @@ def parse_vllm_metrics(text: str) -> EngineStats:
             if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
                 pos = int(s.labels.get("position", 0))
                 per_pos[pos] = per_pos.get(pos, 0) + int(s.value)
+                continue
+            if name == "vllm:prompt_tokens_by_source_total":
+                src = s.labels.get("source", "")
+                sources[src] = sources.get(src, 0) + int(s.value)
                 continue
             values[name] = values.get(name, 0.0) + float(s.value)
     return EngineStats(
@@ -87,6 +93,7 @@ def parse_vllm_metrics(text: str) -> EngineStats:
         spec_draft_tokens=int(values.get("vllm:spec_decode_num_draft_tokens_total", 0)),
         spec_accepted_tokens=int(values.get("vllm:spec_decode_num_accepted_tokens_total", 0)),
         spec_accepted_per_pos=[per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)],
+        prompt_tokens_by_source=sources,
     )
 
 
@@ -127,11 +134,36 @@ def prompt_token_sources(text: str) -> dict[str, int]:
     ``vllm:prompt_tokens_by_source_total{source=...}`` (``local_compute``: prefilled here,
     ``local_cache_hit``: this engine's prefix cache, ``external_kv_transfer``: a KV connector,
     e.g. ``engine.kv_pool``), summed over model labels."""
-    out: dict[str, int] = {}
-    lines = "\n".join(ln for ln in text.splitlines() if ln.startswith("vllm:prompt_tokens_by_source_total"))
-    for family in text_string_to_metric_families(lines + "\n"):
-        for s in family.samples:
-            if s.name == "vllm:prompt_tokens_by_source_total":
-                src = s.labels.get("source", "")
-                out[src] = out.get(src, 0) + int(s.value)
-    return out
+    return parse_vllm_metrics(text).prompt_tokens_by_source
+
+
+# vLLM's prompt-token sources -> the step rows' names (``prompt_tokens_{name}``)
+_SOURCE_NAMES = {"local_compute": "computed", "local_cache_hit": "cached", "external_kv_transfer": "loaded"}
+
+
+def prompt_sources(
+    before: list[EngineStats] | None, after: list[EngineStats], names: list[str]
+) -> dict[str, Any]:
+    """Prompt tokens each engine computed, found in its own prefix cache and loaded through a KV
+    connector (``engine.kv_pool``) between two reads of the same engines (``before`` None: since
+    start): the totals as ``prompt_tokens_computed`` / ``_cached`` / ``_loaded``, and per engine
+    under ``prompt_tokens_by_engine`` (with prefill/decode roles, which engine did which). An
+    engine whose counters went down was restarted: its ``after`` counts alone are used. Empty
+    when no engine reports the counter (vLLM before 0.11, other backends)."""
+    totals = dict.fromkeys(_SOURCE_NAMES.values(), 0)
+    by_engine: dict[str, dict[str, int]] = {}
+    for i, (name, a) in enumerate(zip(names, after, strict=True)):
+        if not a.prompt_tokens_by_source:
+            continue
+        b = before[i].prompt_tokens_by_source if before is not None and i < len(before) else {}
+        if any(a.prompt_tokens_by_source.get(k, 0) < v for k, v in b.items()):
+            b = {}
+        mine = {
+            _SOURCE_NAMES.get(src, src): n - b.get(src, 0) for src, n in a.prompt_tokens_by_source.items()
+        }
+        by_engine[name] = mine
+        for k, n in mine.items():
+            totals[k] = totals.get(k, 0) + n
+    if not by_engine:
+        return {}
+    return {**{f"prompt_tokens_{k}": n for k, n in totals.items()}, "prompt_tokens_by_engine": by_engine}

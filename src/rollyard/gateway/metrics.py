@@ -81,7 +81,8 @@ class GatewayMetrics:
         )
         self.moves = Counter(
             "rollyard_sched_moves",
-            "Programs re-homed to another engine (why: cost, pool: cost with a KV pool load, replaced)",
+            "Programs re-homed to another engine (why: cost, pool: cost with a KV pool load, "
+            "restore: restored onto another engine, replaced: its engine died)",
             ["why"],
             registry=r,
         )

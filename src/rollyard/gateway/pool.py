@@ -59,6 +59,7 @@ class EnginePool:
         self._ids = itertools.count()  # request ids never leave this process: a counter will do
         self._prefill_seen: dict[str, tuple[float, float]] = {}  # engine -> (tokens, seconds) so far
         self._hooks: list[Callable[[Pause | Restore], None]] = []
+        self._restored: set[str] = set()  # programs restored since their last start (moves' why)
         # pauses, restores, moves: for the run's step rows (every key present, 0 until it happens)
         self.counts: Counter[str] = Counter(
             pauses=0,
@@ -129,6 +130,7 @@ class EnginePool:
     def forget(self, program_id: str) -> None:
         """A program ended: its KV claim is gone, so whoever waits for room may run now."""
         self.scheduler.forget(program_id)
+        self._restored.discard(program_id)
         self.admit_if_due()
         self._pump()
 
@@ -148,8 +150,13 @@ class EnginePool:
                 moved[d.program_id] = d.pooled  # the following Start carries moved_from
                 log.info("program moved id=%s src=%s dst=%s why=%s", d.program_id, d.src, d.dst, d.reason)
                 continue
+            restored = d.program_id in self._restored
+            self._restored.discard(d.program_id)
             if d.moved_from is not None:
-                why = "replaced" if d.program_id not in moved else "pool" if moved[d.program_id] else "cost"
+                if d.program_id in moved:  # a reroute: the queue cost more (than a load, with a pool)
+                    why = "pool" if moved[d.program_id] else "cost"
+                else:  # restored onto another engine, else re-placed off a dead one
+                    why = "restore" if restored else "replaced"
                 self.metrics.moves.labels(why).inc()
                 self.counts["moves"] += 1
                 self.counts["pool_moves"] += why == "pool"
@@ -161,6 +168,7 @@ class EnginePool:
 
     def mark_down(self, name: str, why: str) -> None:
         moved = self.scheduler.engine_down(name)
+        self._restored.difference_update(moved)  # re-placed off a dead engine: "replaced", not "restore"
         self.metrics.engine_up.labels(name).set(0)
         log.warning("engine down engine=%s reason=%s programs_moved=%d", name, why, len(moved))
         self._pump()
@@ -232,6 +240,7 @@ class EnginePool:
                 log.info("program paused id=%s engine=%s reason=%s", d.program_id, d.engine, d.reason)
             else:
                 self.metrics.restores.inc()
+                self._restored.add(d.program_id)
                 self.metrics.hold.observe(d.held_s)
                 if d.pooled:
                     self.metrics.pool_restores.inc()

@@ -204,7 +204,7 @@ class TrainingLoop:
             row["draft_head_s"] = t_head - t2  # not in train_s or publish_s
         row.update(head)
         row.update(await self._gateway_counts())
-        row.update(await self.svc.fleet.drafting_metrics())
+        row.update(await self.svc.fleet.engine_metrics())
         last_step = self.s.step == self.cfg.run.steps
         if self.held_out and (self.s.step % self.cfg.eval.every == 0 or last_step):
             row.update(await self._evaluate(f"step{self.s.step}"))

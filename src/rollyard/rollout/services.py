@@ -21,13 +21,13 @@ from typing import Any
 from rollyard.agents.blackbox import BlackBoxRunner, load_profile
 from rollyard.agents.context import ContextPolicy
 from rollyard.agents.loop import AgentConfig
-from rollyard.core.errors import ConfigError, EngineStartError, EngineUnavailable, SandboxError, TrainError
+from rollyard.core.errors import ConfigError, EngineError, EngineStartError, SandboxError, TrainError
 from rollyard.engines import logprob_mode
 from rollyard.engines.base import EngineStats
 from rollyard.engines.kvpool.config import KVPoolConfig
 from rollyard.engines.kvpool.mooncake import MooncakeMaster
 from rollyard.engines.launcher import EngineProcess, VLLMServer
-from rollyard.engines.metrics import acceptance
+from rollyard.engines.metrics import acceptance, prompt_sources
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.rollout.capacity import program_slots
 from rollyard.rollout.config import Config
@@ -82,17 +82,28 @@ class EngineFleet:
     catch_up: Callable[[list[VLLMBackend]], Awaitable[None]] | None = None
     restarts: int = 0
     closing: bool = False  # set first at teardown: a dead engine is then not restarted
-    _spec_seen: list[EngineStats] | None = None
+    _stats_seen: list[EngineStats] | None = None
     pool_master: MooncakeMaster | None = None  # engine.kv_pool's master, when the fleet started it
 
-    async def drafting_metrics(self) -> dict[str, object]:
-        """Speculative decoding since the last call over all engines (``{}`` when none drafted)."""
-        try:
-            now = [await b.stats() for b in self.backends]
-        except EngineUnavailable:
-            return {}
-        out = acceptance(self._spec_seen, now)
-        self._spec_seen = now
+    async def engine_metrics(self) -> dict[str, object]:
+        """The engines' own counters since the last call, for the step row: speculative decoding
+        (``{}`` when none drafted) and where prompt tokens' KV came from (computed, cached, loaded
+        from ``engine.kv_pool``: ``prompt_sources``). The engines are read at once; one that
+        does not answer (down, restarting) keeps its last read, so the step does not fail and
+        the others still count; what it did shows in the step after it answers again."""
+        reads = await asyncio.gather(*(b.stats() for b in self.backends), return_exceptions=True)
+        seen = self._stats_seen or []
+        now: list[EngineStats] = []
+        for i, r in enumerate(reads):
+            if isinstance(r, EngineError):
+                now.append(seen[i] if i < len(seen) else EngineStats())
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                now.append(r)
+        out = acceptance(self._stats_seen, now)
+        out.update(prompt_sources(self._stats_seen, now, [b.name for b in self.backends]))
+        self._stats_seen = now
         return out
 
     def live(self, path: Path, version: int) -> None:
