@@ -105,8 +105,3 @@ def ids_json_parts(ids: list[int]) -> list[bytes]:
         out += (b",", piece) if i else (piece,)
     out.append(b"]")
     return out
-
-
-def ids_json(ids: list[int]) -> bytes:
-    """``ids`` as a JSON array (``ids_json_parts`` joined)."""
-    return b"".join(ids_json_parts(ids))
