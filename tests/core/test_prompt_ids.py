@@ -94,3 +94,33 @@ def test_the_engine_body_is_the_json_of_its_fields_with_the_prompt_first() -> No
     assert json.loads(_body_json(body)) == {**body, "prompt": [5, 6, 7, 8]}
     assert list(json.loads(_body_json(body))) == ["prompt", "model", "max_tokens", "stream"]
     assert json.loads(_body_json({"prompt": [1]})) == {"prompt": [1]}
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("extend"), IDS),  # the next turn: prompt + completion, then new ids
+        st.tuples(st.just("add"), IDS),
+        st.tuples(st.just("cut"), st.integers(0, 40)),  # ids removed from the end
+        st.tuples(st.just("post"), st.just([])),
+    ),
+    max_size=40,
+)
+
+
+@given(_OPS)
+def test_the_json_is_always_the_ids_json_whatever_was_done_to_the_prompt(ops: list) -> None:
+    """Posted, extended, grown and cut in any order (a cut to nothing included), the text is
+    ``json.dumps`` of the ids; a branch extending an earlier prompt never sees a later one's."""
+    prompts = [PromptIds([3])]
+    for op, arg in ops:
+        p = prompts[-1]
+        if op == "extend":
+            base = prompts[len(arg) % len(prompts)]  # any earlier prompt: a branch
+            p = PromptIds.extending(base, arg)
+            p += arg[::-1]
+            prompts.append(p)
+        elif op == "add":
+            p += arg
+        elif op == "cut":
+            del p[max(0, len(p) - arg) :]
+        assert ids_json(p) == json.dumps(list(p), separators=(",", ":")).encode()

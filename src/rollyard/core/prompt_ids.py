@@ -96,6 +96,7 @@ def ids_json_parts(ids: list[int]) -> list[bytes]:
     known, pieces = ids.json_len, ids._json
     if known > len(ids):  # not a prefix any more (ids were removed): written afresh
         known, pieces = 0, ()
+        ids._json, ids.json_len = pieces, known
     if known < len(ids):
         new = pydantic_core.to_json(ids[known:] if known else ids)[1:-1]
         pieces = (*pieces, new) if len(pieces) < _MAX_PIECES else (b",".join((*pieces, new)),)
