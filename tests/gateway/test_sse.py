@@ -4,6 +4,7 @@ yields every item in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -158,3 +159,58 @@ async def test_a_cancellation_from_elsewhere_is_not_taken_for_a_disconnect() -> 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_shutdown_cancel_during_a_disconnect_still_goes_on_up() -> None:
+    """The client leaves and the server cancels the request too: the stream's own cancel is
+    taken back, the server's is not lost."""
+    left = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def frames() -> AsyncIterator[str]:
+        yield "x"
+        waiting.set()
+        await asyncio.Event().wait()
+        yield "never"
+
+    async def receive() -> dict[str, str]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        return None
+
+    task = asyncio.create_task(SSEResponse(frames())(_SCOPE, receive, send))
+    await waiting.wait()
+    left.set()
+    await asyncio.sleep(0)  # the watcher ends: the stream is cancelled for the disconnect
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_disconnect_cancel_the_stream_absorbs_is_taken_back() -> None:
+    """A stream that swallows the cancel and ends on its own leaves its task uncancelled (a
+    cancel counted on the request's task would upset its later timeouts)."""
+    left = asyncio.Event()
+    counted: list[int] = []
+
+    async def frames() -> AsyncIterator[str]:
+        yield "x"
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        yield "after"
+
+    async def receive() -> dict[str, str]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        left.set()
+
+    async def run() -> None:
+        await SSEResponse(frames())(_SCOPE, receive, send)
+        counted.append(asyncio.current_task().cancelling())  # type: ignore[union-attr]
+
+    await asyncio.wait_for(run(), 5)
+    assert counted == [0]

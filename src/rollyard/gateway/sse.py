@@ -148,15 +148,22 @@ class SSEResponse(StreamingResponse):
 
         watcher = asyncio.get_running_loop().create_task(watch())
         watcher.add_done_callback(gone)
+        taken = False  # our cancel taken back: the request's task counts no cancel of ours
         try:
             await self.stream_response(send)
         except asyncio.CancelledError:
             if not state["cut"]:
                 raise
-            streaming.uncancel()  # ours: the client left; nothing more to send
+            # ours (the client left, nothing more to send) unless a cancel from elsewhere
+            # (server shutdown) came too: that one goes on up
+            taken = True
+            if streaming.uncancel() > 0:
+                raise
         finally:
             state["done"] = True
             watcher.cancel()
+            if state["cut"] and not taken:  # absorbed where it landed, or another error won
+                streaming.uncancel()
 
 
 class _Primed:
