@@ -78,7 +78,7 @@ def test_a_long_conversations_json_stays_exact_past_the_pieces_kept() -> None:
     prompt = PromptIds([1])
     for turn in range(2 * _MAX_PIECES + 3):
         assert ids_json(prompt) == json.dumps(list(prompt), separators=(",", ":")).encode()
-        assert len(prompt._json) <= _MAX_PIECES
+        assert len(prompt._json[0]) <= _MAX_PIECES
         prompt = PromptIds.extending(prompt, [turn])
         prompt += [turn + 1, 7]
     assert json.loads(ids_json(prompt)) == list(prompt)

@@ -5,7 +5,7 @@ turn record over them; done from scratch, both cost time in proportion to the hi
 tokens: ~0.45 ms to write the ids as JSON, ~0.16 ms to check them), on the gateway's event loop,
 every turn. A ``PromptIds`` is an ordinary list of ints that also carries
 
-- the JSON text of its first ``json_len`` ids (made when it was last posted, inherited by the
+- the JSON text of its first ids (made when it was last posted, inherited by the
   prompt that extends it), so ``ids_json_parts`` writes only the ids after them; the text is
   kept as pieces (one per turn, shared by every later prompt of the conversation), so a body
   is joined once, around them, not first the array and then the body (~150 KB at 30k ids); and
@@ -29,13 +29,14 @@ _MAX_PIECES = 64
 
 
 class PromptIds(list[int]):
-    __slots__ = ("_json", "checked", "json_len")
+    __slots__ = ("_json", "checked")
 
     def __init__(self, ids: Iterable[int] = ()) -> None:
         super().__init__(ids)
-        # the JSON of ids[:json_len] as pieces without brackets, each ids' text comma-separated
-        self._json: tuple[bytes, ...] = ()
-        self.json_len = 0
+        # (pieces, n): the JSON of ids[:n] as pieces without brackets, each ids' text
+        # comma-separated; one attribute, so a reader in another thread never pairs one
+        # turn's pieces with another's count
+        self._json: tuple[tuple[bytes, ...], int] = ((), 0)
         self.checked = 0
 
     @classmethod
@@ -47,7 +48,7 @@ class PromptIds(list[int]):
         # (at 30k ids: ~0.83x the time of copying the subclass, then appending)
         ids = cls(prompt + shared_ids(completion))
         if isinstance(prompt, PromptIds):
-            ids._json, ids.json_len = prompt._json, prompt.json_len
+            ids._json = prompt._json
         ids.checked = len(ids)
         return ids
 
@@ -93,14 +94,14 @@ def ids_json_parts(ids: list[int]) -> list[bytes]:
     remembered for the prompt that extends it."""
     if not isinstance(ids, PromptIds):
         return [pydantic_core.to_json(ids)]
-    known, pieces = ids.json_len, ids._json
+    pieces, known = ids._json
     if known > len(ids):  # not a prefix any more (ids were removed): written afresh
-        known, pieces = 0, ()
-        ids._json, ids.json_len = pieces, known
+        pieces, known = (), 0
+        ids._json = (pieces, known)
     if known < len(ids):
         new = pydantic_core.to_json(ids[known:] if known else ids)[1:-1]
         pieces = (*pieces, new) if len(pieces) < _MAX_PIECES else (b",".join((*pieces, new)),)
-        ids._json, ids.json_len = pieces, len(ids)
+        ids._json = (pieces, len(ids))
     out = [b"["]
     for i, piece in enumerate(pieces):
         out += (b",", piece) if i else (piece,)
