@@ -9,10 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollyard.core.prompt_ids import PromptIds, ids_json
+from rollyard.core.prompt_ids import PromptIds, ids_json_parts
 from rollyard.core.trajectory import FinishReason, Turn, TurnTimings
 
 IDS = st.lists(st.integers(0, 2**31), max_size=30)
+
+
+def ids_json(ids: list[int]) -> bytes:
+    return b"".join(ids_json_parts(ids))
 
 
 def _turn(prompt: list[int]) -> Turn:
@@ -65,3 +69,58 @@ def test_shared_ids_are_one_object_per_id_and_keep_their_values() -> None:
     assert a == [70000, 5, 1000] and b == [1000, 70000]
     assert a[0] is b[1] and a[2] is b[0]  # the same object, wherever the ids came from
     assert shared_ids([-1, 3]) == [-1, 3] and shared_ids([]) == [] and shared_ids([2**31]) == [2**31]
+
+
+def test_a_long_conversations_json_stays_exact_past_the_pieces_kept() -> None:
+    """One piece of text per turn is kept; past ``_MAX_PIECES`` they are joined into one."""
+    from rollyard.core.prompt_ids import _MAX_PIECES
+
+    prompt = PromptIds([1])
+    for turn in range(2 * _MAX_PIECES + 3):
+        assert ids_json(prompt) == json.dumps(list(prompt), separators=(",", ":")).encode()
+        assert len(prompt._json[0]) <= _MAX_PIECES
+        prompt = PromptIds.extending(prompt, [turn])
+        prompt += [turn + 1, 7]
+    assert json.loads(ids_json(prompt)) == list(prompt)
+
+
+def test_the_engine_body_is_the_json_of_its_fields_with_the_prompt_first() -> None:
+    from rollyard.engines.vllm import _body_json
+
+    prompt = PromptIds.extending([5, 6], [7])
+    ids_json(prompt)  # remembered: the body writes the rest only
+    prompt += [8]
+    body = {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": False}
+    assert json.loads(_body_json(body)) == {**body, "prompt": [5, 6, 7, 8]}
+    assert list(json.loads(_body_json(body))) == ["prompt", "model", "max_tokens", "stream"]
+    assert json.loads(_body_json({"prompt": [1]})) == {"prompt": [1]}
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("extend"), IDS),  # the next turn: prompt + completion, then new ids
+        st.tuples(st.just("add"), IDS),
+        st.tuples(st.just("cut"), st.integers(0, 40)),  # ids removed from the end
+        st.tuples(st.just("post"), st.just([])),
+    ),
+    max_size=40,
+)
+
+
+@given(_OPS)
+def test_the_json_is_always_the_ids_json_whatever_was_done_to_the_prompt(ops: list) -> None:
+    """Posted, extended, grown and cut in any order (a cut to nothing included), the text is
+    ``json.dumps`` of the ids; a branch extending an earlier prompt never sees a later one's."""
+    prompts = [PromptIds([3])]
+    for op, arg in ops:
+        p = prompts[-1]
+        if op == "extend":
+            base = prompts[len(arg) % len(prompts)]  # any earlier prompt: a branch
+            p = PromptIds.extending(base, arg)
+            p += arg[::-1]
+            prompts.append(p)
+        elif op == "add":
+            p += arg
+        elif op == "cut":
+            del p[max(0, len(p) - arg) :]
+        assert ids_json(p) == json.dumps(list(p), separators=(",", ":")).encode()

@@ -117,3 +117,17 @@ def test_ids_must_match_the_engines_own_count() -> None:
     check_count(3, {"prompt_tokens": 9})
     with pytest.raises(EngineError, match="counted 4 completion tokens but sent 3"):
         check_count(3, {"completion_tokens": 4})
+
+
+@given(st.one_of(st.text(max_size=14), st.from_regex(r"token_id:[0-9]{0,6}.?", fullmatch=True)))
+def test_a_single_token_is_read_as_the_general_rule_reads_it(token: str) -> None:
+    """The one-token fast path accepts and refuses what the joined rule does, with the same id."""
+
+    def read(tokens: list[str]) -> list[int] | None:
+        try:
+            return token_ids({"logprobs": {"tokens": tokens}})
+        except EngineError:
+            return None
+
+    general = read([token, "token_id:0"])  # two tokens: the general rule
+    assert read([token]) == (None if general is None else general[:1])

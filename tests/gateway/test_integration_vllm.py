@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import openai
 import pytest
 import uvicorn
 
+from rollyard.core.engine_key import engine_headers
 from rollyard.core.trajectory import Trajectory
 from rollyard.engines.launcher import free_port
 from rollyard.engines.vllm import VLLMBackend
@@ -111,6 +113,53 @@ def test_openai_async_streaming_and_responses_api(gateway_url: str) -> None:
     asyncio.run(run())
     traj = check_token_exact(gateway_url, p["id"], 3)
     assert [len(s.turns) for s in traj.segments] == [1, 2]  # the responses call rewrote history
+
+
+def _engine_metric(vllm_url: str, name: str) -> float:
+    text = httpx.get(f"{vllm_url}/metrics", headers=engine_headers()).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    assert values, f"the engine's /metrics has no {name}"
+    return sum(values)
+
+
+def test_a_client_that_leaves_mid_stream_cancels_the_engine_request_and_frees_its_program(
+    gateway_url: str, vllm_url: str
+) -> None:
+    """Real uvicorn (ASGI spec 2.3: the gateway's own disconnect watch): the client closes the
+    stream after its first events; the engine stops generating long before the 1,500 tokens it
+    was asked for, and the same program's next turn is served."""
+    asked = 1500
+    p = program(gateway_url, sampling={"max_tokens": asked, "ignore_eos": True})
+    headers = {"Authorization": f"Bearer {p['api_key']}"}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    before = _engine_metric(vllm_url, "vllm:generation_tokens_total")
+    with httpx.stream("POST", f"{gateway_url}/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        texts = 0
+        for line in r.iter_lines():  # until a few events that carry generated text
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                texts += bool(delta.get("content") or delta.get("reasoning_content"))
+            if texts == 3:
+                break
+        assert texts == 3
+    for _ in range(100):  # the engine's request is aborted once the gateway sees the disconnect
+        if _engine_metric(vllm_url, "vllm:num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    assert _engine_metric(vllm_url, "vllm:num_requests_running") == 0
+    time.sleep(0.5)
+    generated = _engine_metric(vllm_url, "vllm:generation_tokens_total") - before
+    assert 0 < generated < asked
+    api = openai.OpenAI(base_url=f"{gateway_url}/v1", api_key=p["api_key"], max_retries=0)
+    r2 = api.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "again"}], max_tokens=4, timeout=60
+    )
+    assert r2.choices[0].message is not None
+    traj = Trajectory.model_validate(
+        httpx.get(f"{gateway_url}/programs/{p['id']}/trajectory", headers={"x-api-key": ADMIN}).json()
+    )
+    assert traj.turns[-1].completion_ids  # the journal is readable and holds the served turn
 
 
 @pytest.mark.parametrize("stream", [False, True])

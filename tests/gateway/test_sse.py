@@ -4,13 +4,14 @@ yields every item in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollyard.gateway.sse import SLOT, Frame, event, primed
+from rollyard.gateway.sse import SLOT, Frame, SSEResponse, event, primed
 
 _TEXT = st.text(st.characters(codec="utf-8"), max_size=40)
 
@@ -89,3 +90,127 @@ def test_any_data_with_slots_anywhere_fills_to_its_exact_event(
     data = {**data, "model": "\x00rollyard-slot\x00", "tail": SLOT}
     values = [draw.draw(_LEAF) for _ in range(_count(data))]
     assert Frame(data, name).fill(*values) == event(_filled(data, list(values)), name)
+
+
+_SCOPE = {"type": "http", "asgi": {"spec_version": "2.3"}}  # uvicorn's: a send after a disconnect is dropped
+
+
+async def _never() -> dict[str, str]:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def test_a_client_that_disconnects_ends_the_stream_and_closes_its_frames() -> None:
+    closed = asyncio.Event()
+    left = asyncio.Event()
+    sent: list[dict] = []
+
+    async def frames() -> AsyncIterator[str]:
+        try:
+            while True:
+                yield "data: x\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    async def receive() -> dict[str, str]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+        if len(sent) == 3:
+            left.set()
+
+    await asyncio.wait_for(SSEResponse(frames(), media_type="text/event-stream")(_SCOPE, receive, send), 5)
+    assert closed.is_set()  # the frames' generator was closed where it waited
+    assert sent[0]["type"] == "http.response.start" and 3 <= len(sent) <= 4
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_whole_stream_is_sent_in_order_and_leaves_no_watcher() -> None:
+    sent: list[dict] = []
+
+    async def frames() -> AsyncIterator[str]:
+        for text in ("a", "b", "c"):
+            yield text
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    before = len(asyncio.all_tasks())
+    await SSEResponse(frames(), media_type="text/event-stream")(_SCOPE, _never, send)
+    await asyncio.sleep(0)
+    assert [m.get("body") for m in sent[1:]] == [b"a", b"b", b"c", b""]
+    assert len(asyncio.all_tasks()) == before
+
+
+async def test_a_cancellation_from_elsewhere_is_not_taken_for_a_disconnect() -> None:
+    async def frames() -> AsyncIterator[str]:
+        while True:
+            yield "x"
+            await asyncio.sleep(0.01)
+
+    async def send(message: dict) -> None:
+        return None
+
+    task = asyncio.create_task(SSEResponse(frames())(_SCOPE, _never, send))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_shutdown_cancel_during_a_disconnect_still_goes_on_up() -> None:
+    """The client leaves and the server cancels the request too: the stream's own cancel is
+    taken back, the server's is not lost."""
+    left = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def frames() -> AsyncIterator[str]:
+        yield "x"
+        waiting.set()
+        await asyncio.Event().wait()
+        yield "never"
+
+    async def receive() -> dict[str, str]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        return None
+
+    task = asyncio.create_task(SSEResponse(frames())(_SCOPE, receive, send))
+    await waiting.wait()
+    left.set()
+    await asyncio.sleep(0)  # the watcher ends: the stream is cancelled for the disconnect
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_disconnect_cancel_the_stream_absorbs_is_taken_back() -> None:
+    """A stream that swallows the cancel and ends on its own leaves its task uncancelled (a
+    cancel counted on the request's task would upset its later timeouts)."""
+    left = asyncio.Event()
+    counted: list[int] = []
+
+    async def frames() -> AsyncIterator[str]:
+        yield "x"
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+        yield "after"
+
+    async def receive() -> dict[str, str]:
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        left.set()
+
+    async def run() -> None:
+        await SSEResponse(frames())(_SCOPE, receive, send)
+        counted.append(asyncio.current_task().cancelling())  # type: ignore[union-attr]
+
+    await asyncio.wait_for(run(), 5)
+    assert counted == [0]

@@ -36,7 +36,7 @@ import pydantic_core
 
 from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
-from rollyard.core.prompt_ids import ids_json
+from rollyard.core.prompt_ids import ids_json_parts
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
@@ -61,10 +61,12 @@ def _dumps(obj: Any) -> str:
 
 
 def _body_json(body: dict[str, Any]) -> bytes:
-    """A completion body as JSON, its prompt ids written by ``ids_json``: of a conversation's
-    next turn only the ids added since its last one (the rest of the text is remembered)."""
+    """A completion body as JSON, its prompt ids written by ``ids_json_parts``: of a
+    conversation's next turn only the ids added since its last one (the rest of the text is
+    remembered). One join for the whole body: the ids' text is not first joined on its own."""
     rest = memoryview(pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"}))
-    return b"".join((b'{"prompt":', ids_json(body["prompt"]), b"," if len(rest) > 2 else b"", rest[1:]))
+    comma = b"," if len(rest) > 2 else b""
+    return b"".join((b'{"prompt":', *ids_json_parts(body["prompt"]), comma, rest[1:]))
 
 
 # Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``

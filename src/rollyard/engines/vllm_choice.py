@@ -76,6 +76,11 @@ def token_ids(choice: dict[str, Any]) -> list[int]:
     tokens = logprobs.get("tokens") or []
     if not tokens:
         return []
+    if len(tokens) == 1:  # a streamed event's one token: the same checks, without the joins
+        digits = tokens[0][len(_AS_ID) :] if tokens[0].startswith(_AS_ID) else ""
+        if not (digits.isascii() and digits.isdigit()):
+            raise EngineError(f"engine's logprobs tokens are not token ids: {tokens[:3]}")
+        return [int(digits)]
     # in C, not a call per token: each token starts with the prefix and holds it once, what is
     # left of them is ASCII digits only (``int`` alone would take " 5", "5_0", "+5" or other
     # scripts' digits, none of which vLLM writes), and those are the ids

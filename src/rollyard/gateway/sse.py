@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Final
 
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from rollyard.core.errors import RollyardError
 from rollyard.gateway.errors import error_body
@@ -111,7 +113,57 @@ def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> S
             )
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+    return SSEResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+class SSEResponse(StreamingResponse):
+    """A stream that stops when its client disconnects, watched by one asyncio task.
+
+    Why: under an ASGI server that does not fail a send to a closed connection (spec_version
+    below 2.4, uvicorn's), Starlette watches for the disconnect in an anyio task group with a
+    cancel scope: ~55 us per streamed request here against ~5 for one plain task (measured,
+    uvloop, 3,000 rounds), a part of a short stream's cost the bare relay does not have. The
+    same outcome: on a disconnect the stream is cancelled where it waits (its generators are
+    closed, the engine request with them) and the response ends quietly; a cancellation from
+    elsewhere (server shutdown) goes on up."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = tuple(map(int, scope.get("asgi", {}).get("spec_version", "2.0").split(".")))
+        if scope["type"] != "http" or version >= (2, 4) or self.background is not None:
+            await super().__call__(scope, receive, send)
+            return
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        state = {"cut": False, "done": False}
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        def gone(w: asyncio.Task[None]) -> None:
+            # a callback, run between the stream's steps: it is waiting (or done: nothing to cut)
+            if not state["done"] and not w.cancelled() and w.exception() is None:
+                state["cut"] = True
+                streaming.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        watcher.add_done_callback(gone)
+        taken = False  # our cancel taken back: the request's task counts no cancel of ours
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not state["cut"]:
+                raise
+            # ours (the client left, nothing more to send) unless a cancel from elsewhere
+            # (server shutdown) came too: that one goes on up
+            taken = True
+            if streaming.uncancel() > 0:
+                raise
+        finally:
+            state["done"] = True
+            watcher.cancel()
+            if state["cut"] and not taken:  # absorbed where it landed, or another error won
+                streaming.uncancel()
 
 
 class _Primed:
