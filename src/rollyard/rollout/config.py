@@ -160,15 +160,20 @@ class TrainerConfig(TrainConfig):
 
 class SftConfig(Section):
     """Warm start on scripted-solver demonstrations (deliberately imperfect). With a blackbox
-    agent: ``demos`` programs of the CLI on the base model, each recorded prompt answered with
-    the profile's ``finish`` reply and the end-of-turn token (``mistake_prob`` unused)."""
+    agent, ``kind`` picks how: ``finish``: ``demos`` programs of the CLI on the base model, each
+    recorded prompt answered with the profile's ``finish`` reply and the end-of-turn token
+    (``mistake_prob`` unused); ``scripted``: ``demos`` programs of the CLI against a scripted
+    engine that solves ``readout``/``lookup`` tasks in the CLI's own turn format, guessing with
+    ``mistake_prob`` (``rollout/sft_scripted.py``). The white-box warm start is always scripted."""
 
     enabled: bool = False
+    kind: Literal["finish", "scripted"] = "finish"
     demos: int = Field(default=128, ge=1)
     mistake_prob: float = Field(default=0.3, ge=0.0, le=1.0)
     epochs: int = Field(default=2, ge=1)
     batch: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
+    train_layers: int | None = Field(default=None, ge=1)  # None: every layer; N: the top N
 
 
 class EvalConfig(Section):
