@@ -18,11 +18,14 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_embedded_configs_validate_and_round_trip(tmp_path: Path) -> None:
-    for name in ("demo", "quick", "demo-smollm2", "full"):
+    for name in ("demo", "quick", "demo-smollm2", "demo-mini-swe-agent", "full"):
         cfg = builtin_config(name)
         again = load_config(write(tmp_path, dump_config(cfg)))
         assert again.run == cfg.run
         assert again.trainer == cfg.trainer
+        assert again.sft == cfg.sft
+    cli = builtin_config("demo-mini-swe-agent")
+    assert (cli.agent.kind, cli.agent.profile, cli.sft.kind) == ("blackbox", "mini-swe-agent", "scripted")
 
 
 def test_an_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
@@ -142,6 +145,10 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
         run_demo(0, tmp_path / "run", False, {}, model="gpt-9")
     with pytest.raises(ConfigError, match="--quick"):
         run_demo(0, tmp_path / "run", True, {}, model="smollm2")
+    with pytest.raises(ConfigError, match="no CLI-learning demo for 'aider'; choose one of: mini-swe-agent"):
+        run_demo(0, tmp_path / "run", False, {}, agent="aider")
+    with pytest.raises(ConfigError, match="--quick"):
+        run_demo(0, tmp_path / "run", True, {}, agent="mini-swe-agent")
     assert not (tmp_path / "run").exists()
 
 
