@@ -152,6 +152,21 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_the_cli_demo_fails_before_installing_into_a_cache_sandboxes_cannot_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """root's default cache is under a private /root: the demo names the fix before installing."""
+    from rollyard.rollout.entry import run_demo
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    monkeypatch.setenv("ROLLYARD_CACHE", str(home / ".cache" / "rollyard"))
+    with pytest.raises(ConfigError, match=r"run `export ROLLYARD_CACHE=/var/cache/rollyard`"):
+        run_demo(0, tmp_path / "run", False, {}, agent="mini-swe-agent")
+    assert not (home / ".cache").exists() and not (tmp_path / "run").exists()
+
+
 def test_engines_go_on_ray_with_an_address_and_their_placement_is_checked() -> None:
     assert not builtin_config("quick").engines_on_ray
     assert builtin_config("quick", {"ray.address": "local"}).engines_on_ray

@@ -148,8 +148,9 @@ def run_demo(
     if quick and (model != "tiny" or agent is not None):
         raise ConfigError("--quick is the tiny model's smoke config; it has no --model or --agent variant")
     if agent is not None:
-        from rollyard.agents.install import install
+        from rollyard.agents.install import install, require_reachable_cache
 
+        require_reachable_cache()  # fail now, not after the install and the engine's start
         install(agent)  # once; cached
     name = "quick" if quick else DEMO_AGENTS[agent] if agent is not None else DEMO_MODELS[model]
     seeded = {"run.seed": seed, "model.seed": seed, "tasks.train.seed": 1000 + seed}
