@@ -106,6 +106,22 @@ def test_a_blackbox_agent_may_warm_start_on_its_own_prompts() -> None:
     assert cfg.sft.enabled and cfg.agent.profile == "codex"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"agent.kind": "whitebox", "agent.profile": None}, "sft.kind: scripted runs a blackbox CLI"),
+        ({"tasks.train.family": "stage"}, "scripts readout and lookup tasks, not 'stage'"),
+        ({"agent.profile": "codex"}, "agent.profile 'codex' does not finish with one"),
+    ],
+)
+def test_the_scripted_warm_start_is_refused_where_its_script_cannot_apply(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        builtin_config("demo-mini-swe-agent", overrides)
+    builtin_config("demo-mini-swe-agent", {**overrides, "sft.kind": "finish"})  # the other warm start is fine
+
+
 def test_sync_mode_seer_policy_and_divided_rollout_are_config_keys(tmp_path: Path) -> None:
     text = "model: {path: m}\nrun: {mode: sync}\ngateway: {policy: seer, divided: {chunk_tokens: 64}}\n"
     cfg = load_config(write(tmp_path, text))

@@ -37,7 +37,7 @@ from rollyard.core.trajectory import FinishReason, Trajectory
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.collect import LocalRunner, run_program
-from rollyard.rollout.config import Config
+from rollyard.rollout.config import SCRIPTED_FAMILIES, Config
 from rollyard.rollout.remote_fence import RemoteFenced
 from rollyard.rollout.services import EngineFleet, open_services
 from rollyard.rollout.sft import finished_warm_start, train_demonstrations
@@ -47,7 +47,6 @@ from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
 
-SCRIPTED_FAMILIES = ("readout", "lookup")  # tasks whose instruction names a key to look up in data/
 _KEY = re.compile(r"Find the value of (\w+) in data/")
 _CALL = re.compile(re.escape(ct.TOOL_CALL_OPEN) + r"(.*?)" + re.escape(ct.TOOL_CALL_CLOSE), re.S)
 
@@ -166,12 +165,9 @@ def program_samples(trajs: list[Trajectory], eos: int) -> list[Sample]:
 
 
 async def scripted_programs(cfg: Config, root: Path, tasks: list[Task], base_dir: Path) -> list[Trajectory]:
-    """``sft.demos`` programs of the CLI against the script, recorded under ``root``."""
-    if cfg.tasks.train.family not in SCRIPTED_FAMILIES or cfg.agent.profile is None:
-        raise ConfigError(
-            f"sft.kind scripted scripts {', '.join(SCRIPTED_FAMILIES)} tasks for a blackbox agent.profile "
-            f"(got family {cfg.tasks.train.family!r}, profile {cfg.agent.profile!r})"
-        )
+    """``sft.demos`` programs of the CLI against the script, recorded under ``root`` (the config
+    checked the family and the profile's bash tool)."""
+    assert cfg.agent.profile is not None and cfg.tasks.train.family in SCRIPTED_FAMILIES
     tok = FastTokenizer(base_dir)
     finish = finish_ids(tok, load_profile(cfg.agent.profile).finish)
     script = ReadoutScript(tok, finish, cfg.sft.mistake_prob, cfg.run.seed)
