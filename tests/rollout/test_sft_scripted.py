@@ -12,11 +12,11 @@ import pytest
 
 from rollyard.core.errors import ConfigError
 from rollyard.core.sampling import SamplingParams
-from rollyard.core.trajectory import FinishReason
+from rollyard.core.trajectory import FinishReason, Segment, Trajectory, Turn
 from rollyard.engines import chat_template as ct
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.tokenizer import FastTokenizer
-from rollyard.rollout.sft_scripted import ReadoutScript, commands, scripted_engine
+from rollyard.rollout.sft_scripted import ReadoutScript, commands, program_samples, scripted_engine
 
 TASK = "Please solve this issue: Find the value of amber in data/ and write it to answer.txt."
 # a system prompt whose tool example is not a call the assistant made
@@ -87,3 +87,29 @@ def test_a_prompt_without_a_lookup_task_is_refused(tiny_model_dir: Path) -> None
     tok = FastTokenizer(tiny_model_dir)
     with pytest.raises(ConfigError, match="Find the value of KEY"):
         _script(tok, 0.0).command(_msg("user", "Fix the bug.") + f"{ct.IM_START}assistant\n")
+
+
+def test_a_recorded_program_is_one_sample_with_exactly_the_ended_replies_as_loss() -> None:
+    """Token-exact: the sample is the last turn's prompt and reply as the gateway recorded them;
+    loss on replies that ended with the end-of-turn id, none on a reply cut by the length cap."""
+    eos = 2
+    p1, r1 = [10, 11, 12], [20, 21, eos]
+    obs = [30, 31]
+    p2, r2 = [*p1, *r1, *obs], [40, eos]
+    p3, r3 = [*p2, *r2, 50], [60, 61]  # cut: no end of turn
+    turns = [
+        Turn(prompt_ids=p1, completion_ids=r1, completion_logprobs=[0.0] * 3),
+        Turn(prompt_ids=p2, completion_ids=r2, completion_logprobs=[0.0] * 2),
+        Turn(
+            prompt_ids=p3, completion_ids=r3, completion_logprobs=[0.0] * 2, finish_reason=FinishReason.LENGTH
+        ),
+    ]
+    traj = Trajectory(program_id="p", group_id="g", segments=[Segment(turns=turns)])
+    (s,) = program_samples([traj], eos)
+    assert s.token_ids == [*p3, *r3] and s.group_id == "g"
+    assert s.loss_mask == [0] * 3 + [1] * 3 + [0] * 2 + [1] * 2 + [0] + [0] * 2
+    # a rewritten context (a new segment) trains as a sample of its own
+    other = Turn(prompt_ids=[99, 98], completion_ids=[97, eos], completion_logprobs=[0.0] * 2)
+    traj2 = Trajectory(program_id="q", segments=[Segment(turns=[turns[0]]), Segment(turns=[other])])
+    a, b = program_samples([traj2], eos)
+    assert (a.token_ids, b.token_ids, b.loss_mask) == ([*p1, *r1], [99, 98, 97, eos], [0, 0, 1, 1])

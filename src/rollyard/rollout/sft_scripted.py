@@ -152,10 +152,7 @@ def program_samples(trajs: list[Trajectory], eos: int) -> list[Sample]:
         for seg in t.segments:
             ids: list[int] = []
             mask: list[int] = []
-            for turn in seg.turns:
-                if turn.prompt_ids[: len(ids)] != ids:  # not expected; then a sample of its own
-                    out += _sample(ids, mask, t.group_id)
-                    ids, mask = [], []
+            for turn in seg.turns:  # each extends the last (``Segment`` validates it)
                 shown = turn.prompt_ids[len(ids) :]
                 ended = turn.finish_reason == FinishReason.STOP and turn.completion_ids[-1:] == [eos]
                 ids = [*ids, *shown, *turn.completion_ids]
