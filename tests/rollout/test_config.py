@@ -18,11 +18,14 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_embedded_configs_validate_and_round_trip(tmp_path: Path) -> None:
-    for name in ("demo", "quick", "demo-smollm2", "full"):
+    for name in ("demo", "quick", "demo-smollm2", "demo-mini-swe-agent", "full"):
         cfg = builtin_config(name)
         again = load_config(write(tmp_path, dump_config(cfg)))
         assert again.run == cfg.run
         assert again.trainer == cfg.trainer
+        assert again.sft == cfg.sft
+    cli = builtin_config("demo-mini-swe-agent")
+    assert (cli.agent.kind, cli.agent.profile, cli.sft.kind) == ("blackbox", "mini-swe-agent", "scripted")
 
 
 def test_an_unknown_key_is_rejected_with_its_path(tmp_path: Path) -> None:
@@ -103,6 +106,22 @@ def test_a_blackbox_agent_may_warm_start_on_its_own_prompts() -> None:
     assert cfg.sft.enabled and cfg.agent.profile == "codex"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"agent.kind": "whitebox", "agent.profile": None}, "sft.kind: scripted runs a blackbox CLI"),
+        ({"tasks.train.family": "stage"}, "scripts readout and lookup tasks, not 'stage'"),
+        ({"agent.profile": "codex"}, "agent.profile 'codex' does not finish with one"),
+    ],
+)
+def test_the_scripted_warm_start_is_refused_where_its_script_cannot_apply(
+    overrides: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        builtin_config("demo-mini-swe-agent", overrides)
+    builtin_config("demo-mini-swe-agent", {**overrides, "sft.kind": "finish"})  # the other warm start is fine
+
+
 def test_sync_mode_seer_policy_and_divided_rollout_are_config_keys(tmp_path: Path) -> None:
     text = "model: {path: m}\nrun: {mode: sync}\ngateway: {policy: seer, divided: {chunk_tokens: 64}}\n"
     cfg = load_config(write(tmp_path, text))
@@ -142,7 +161,26 @@ def test_the_demo_knows_its_models(tmp_path: Path) -> None:
         run_demo(0, tmp_path / "run", False, {}, model="gpt-9")
     with pytest.raises(ConfigError, match="--quick"):
         run_demo(0, tmp_path / "run", True, {}, model="smollm2")
+    with pytest.raises(ConfigError, match="no CLI-learning demo for 'aider'; choose one of: mini-swe-agent"):
+        run_demo(0, tmp_path / "run", False, {}, agent="aider")
+    with pytest.raises(ConfigError, match="--quick"):
+        run_demo(0, tmp_path / "run", True, {}, agent="mini-swe-agent")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_demo_fails_before_installing_into_a_cache_sandboxes_cannot_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """root's default cache is under a private /root: the demo names the fix before installing."""
+    from rollyard.rollout.entry import run_demo
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    monkeypatch.setenv("ROLLYARD_CACHE", str(home / ".cache" / "rollyard"))
+    with pytest.raises(ConfigError, match=r"run `export ROLLYARD_CACHE=/var/cache/rollyard`"):
+        run_demo(0, tmp_path / "run", False, {}, agent="mini-swe-agent")
+    assert not (home / ".cache").exists() and not (tmp_path / "run").exists()
 
 
 def test_engines_go_on_ray_with_an_address_and_their_placement_is_checked() -> None:

@@ -36,8 +36,18 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from rollyard.core.atomic import replace_dir
 from rollyard.core.cache import cache_dir
 from rollyard.core.errors import ConfigError
+from rollyard.sandbox.host_python import searchable
 
-__all__ = ["CLIS", "AgentCLI", "InstallSpec", "cli_for", "install", "installed", "require"]
+__all__ = [
+    "CLIS",
+    "AgentCLI",
+    "InstallSpec",
+    "cli_for",
+    "install",
+    "installed",
+    "require",
+    "require_reachable_cache",
+]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +156,21 @@ def require(name: str | AgentCLI) -> AgentCLI:
             f"run `rollyard agents install {cli.name}` (nothing is downloaded at run time)"
         )
     return cli
+
+
+def require_reachable_cache() -> Path:
+    """The cache dir, when a sandbox's unprivileged uid can reach it; else, before minutes of
+    installing into it, a clear error naming the fix (root's default ``~/.cache`` is under a
+    private ``/root``: the runner would refuse the CLI only once the run had started)."""
+    root = cache_dir()
+    reach = next(p for p in [root, *root.parents] if p.exists())  # what exists of it decides
+    if not searchable(reach):
+        raise ConfigError(
+            f"the agent cache {root} is not reachable by the sandbox's user ({reach} or a parent "
+            "is private); run `export ROLLYARD_CACHE=/var/cache/rollyard` (or any directory every "
+            "user can traverse) and rerun"
+        )
+    return root
 
 
 def _run(cmd: list[str], what: str, timeout_s: float = 1800) -> str:

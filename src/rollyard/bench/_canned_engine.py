@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -26,19 +27,30 @@ import uvicorn
 from rollyard.bench._floor_proxy import read_body
 from rollyard.core.errors import ConfigError
 
+# A reply chosen by the caller instead of the canned one: its token ids, their logprobs and its
+# finish reason ("stop" or "length"). ``rollyard.rollout.scripted_engine`` answers with these.
+Reply = tuple[list[int], list[float], str]
+Replier = Callable[[list[int], int], Reply]  # (prompt ids, max_tokens) -> reply
 
-def answer(body: dict[str, Any]) -> dict[str, Any]:
+
+def answer(body: dict[str, Any], replier: Replier | None = None) -> dict[str, Any]:
     """vLLM's non-streamed completion for ``body`` (token-id prompt): the completion's ids as
     ``token_ids`` with the prompt's echo (``return_token_ids``), its tokens as ``"token_id:N"``
-    (``return_tokens_as_token_ids``) or as text, as vLLM writes them."""
+    (``return_tokens_as_token_ids``) or as text, as vLLM writes them. The ids are canned (seeded
+    from the prompt, ``max_tokens`` of them, finish ``length``) unless ``replier`` chooses them."""
     prompt = body.get("prompt") if isinstance(body, dict) else None
     ok = isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt)
     if not ok:
         raise ConfigError("the canned engine answers token-id prompts only")
     n = int(body.get("max_tokens") or 16)
-    rng = random.Random(hash(tuple(prompt)))
-    ids = [rng.randrange(100, 900) for _ in range(n)]
-    lps = [-round(rng.uniform(0.1, 5.0), 4) for _ in range(n)]
+    if replier is not None:
+        ids, lps, finish_reason = replier(prompt, n)
+        n = len(ids)
+    else:
+        rng = random.Random(hash(tuple(prompt)))
+        ids = [rng.randrange(100, 900) for _ in range(n)]
+        lps = [-round(rng.uniform(0.1, 5.0), 4) for _ in range(n)]
+        finish_reason = "length"
     as_ids = bool(body.get("return_tokens_as_token_ids"))
     choice: dict[str, Any] = {
         "index": 0,
@@ -49,7 +61,7 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
             "tokens": [f"token_id:{t}" for t in ids] if as_ids else ["x"] * n,
             "top_logprobs": [None] * n,
         },
-        "finish_reason": "length",
+        "finish_reason": finish_reason,
         "stop_reason": None,
     }
     if body.get("return_token_ids"):  # as vLLM: the completion's ids and the prompt's echo
@@ -64,10 +76,10 @@ def answer(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def stream_events(body: dict[str, Any]) -> list[bytes]:
-    """``answer(body)`` as vLLM streams it: an event per token (its id, logprob and text), the
-    last with the finish reason, then one with the usage, then ``[DONE]``."""
-    whole = answer(body)
+def stream_events(body: dict[str, Any], replier: Replier | None = None) -> list[bytes]:
+    """``answer(body, replier)`` as vLLM streams it: an event per token (its id, logprob and
+    text), the last with the finish reason, then one with the usage, then ``[DONE]``."""
+    whole = answer(body, replier)
     choice = whole["choices"][0]
     lps, tokens = choice["logprobs"]["token_logprobs"], choice["logprobs"]["tokens"]
     ids = choice.get("token_ids")
@@ -78,7 +90,7 @@ def stream_events(body: dict[str, Any]) -> list[bytes]:
             "index": 0,
             "text": "x",
             "logprobs": {"text_offset": [i], "token_logprobs": [lp], "tokens": [tok], "top_logprobs": [None]},
-            "finish_reason": "length" if i == len(lps) - 1 else None,
+            "finish_reason": choice["finish_reason"] if i == len(lps) - 1 else None,
             "stop_reason": None,
         }
         if ids is not None:  # return_token_ids: each piece's ids, the prompt's echo on the first
@@ -90,7 +102,12 @@ def stream_events(body: dict[str, Any]) -> list[bytes]:
     return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
 
 
-def make_app(max_model_len: int = 2048, served_name: str = "tiny", token_interval_s: float = 0.0) -> Any:
+def make_app(
+    max_model_len: int = 2048,
+    served_name: str = "tiny",
+    token_interval_s: float = 0.0,
+    replier: Replier | None = None,
+) -> Any:
     card = {"id": served_name, "object": "model", "max_model_len": max_model_len}
     models = {"object": "list", "data": [card]}
 
@@ -107,9 +124,9 @@ def make_app(max_model_len: int = 2048, served_name: str = "tiny", token_interva
             try:
                 body = json.loads(raw)
                 if isinstance(body, dict) and body.get("stream"):
-                    await _stream(send, stream_events(body), token_interval_s)
+                    await _stream(send, stream_events(body, replier), token_interval_s)
                     return
-                out = json.dumps(answer(body)).encode()
+                out = json.dumps(answer(body, replier)).encode()
             except (ValueError, ConfigError) as e:
                 status, out = 400, json.dumps({"error": {"message": str(e)}}).encode()
         elif path == "/v1/models":

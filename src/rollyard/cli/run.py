@@ -38,13 +38,17 @@ def demo(
     model: str = typer.Option(
         "tiny", help="tiny (the default example) or smollm2 (a real pretrained model learns to read)"
     ),
+    agent: str | None = typer.Option(
+        None, help="mini-swe-agent: the unmodified CLI learns to read on SmolLM2 (the CLI-learning demo)"
+    ),
     set_: list[str] = typer.Option([], "--set", help="override a config value: key.path=value"),
 ) -> None:
     """The default example: tiny model, SFT warm start, RL on `stage`, report with plots.
-    ``--model smollm2``: SmolLM2-135M-Instruct learns to read before it answers (`readout`)."""
+    ``--model smollm2``: SmolLM2-135M-Instruct learns to read before it answers (`readout`).
+    ``--agent mini-swe-agent``: the same, through the unmodified mini-SWE-agent CLI."""
     from rollyard.rollout.entry import parse_overrides, run_demo
 
-    out = run_demo(seed, run_dir, quick, parse_overrides(set_), model=model)
+    out = run_demo(seed, run_dir, quick, parse_overrides(set_), model=model, agent=agent)
     for k, v in out.items():
         typer.echo(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
 

@@ -158,17 +158,25 @@ class TrainerConfig(TrainConfig):
         return TrainConfig.model_validate(self.model_dump(exclude=local))
 
 
+SCRIPTED_FAMILIES = ("readout", "lookup")  # sft.kind scripted: tasks that name a key to find in data/
+
+
 class SftConfig(Section):
     """Warm start on scripted-solver demonstrations (deliberately imperfect). With a blackbox
-    agent: ``demos`` programs of the CLI on the base model, each recorded prompt answered with
-    the profile's ``finish`` reply and the end-of-turn token (``mistake_prob`` unused)."""
+    agent, ``kind`` picks how: ``finish``: ``demos`` programs of the CLI on the base model, each
+    recorded prompt answered with the profile's ``finish`` reply and the end-of-turn token
+    (``mistake_prob`` unused); ``scripted``: ``demos`` programs of the CLI against a scripted
+    engine that solves ``readout``/``lookup`` tasks in the CLI's own turn format, guessing with
+    ``mistake_prob`` (``rollout/sft_scripted.py``). The white-box warm start is always scripted."""
 
     enabled: bool = False
+    kind: Literal["finish", "scripted"] = "finish"
     demos: int = Field(default=128, ge=1)
     mistake_prob: float = Field(default=0.3, ge=0.0, le=1.0)
     epochs: int = Field(default=2, ge=1)
     batch: int = Field(default=16, ge=1)
     lr: float = Field(default=1e-3, gt=0)
+    train_layers: int | None = Field(default=None, ge=1)  # None: every layer; N: the top N
 
 
 class EvalConfig(Section):
@@ -299,9 +307,30 @@ class Config(Section):
                 raise ValueError(
                     "agent.context, tool_choice, required_turns and opening configure the whitebox agent only"
                 )
+        if self.sft.enabled and self.sft.kind == "scripted":
+            self._check_scripted_sft()
         if self.agent.required_turns is not None and self.agent.tool_choice == "auto":
             raise ValueError("agent.required_turns needs agent.tool_choice: required (or a tool's name)")
         return self
+
+    def _check_scripted_sft(self) -> None:
+        """The script greps a key named in the task and answers through a ``bash`` tool call."""
+        if self.agent.kind != "blackbox":
+            raise ValueError(
+                "sft.kind: scripted runs a blackbox CLI against the script: set agent.kind: blackbox"
+            )
+        family = self.tasks.train.family
+        if family not in SCRIPTED_FAMILIES:
+            raise ValueError(
+                f"sft.kind: scripted scripts {' and '.join(SCRIPTED_FAMILIES)} tasks, not {family!r}"
+            )
+        from rollyard.agents.blackbox import load_profile
+
+        if load_profile(self.agent.profile or "").finish.tool != "bash":
+            raise ValueError(
+                f"sft.kind: scripted replies with bash tool calls; agent.profile {self.agent.profile!r} "
+                "does not finish with one (its finish.tool must be bash)"
+            )
 
 
 def describe(e: ValidationError) -> str:

@@ -127,17 +127,32 @@ def run_training(
 
 
 DEMO_MODELS = {"tiny": "demo", "smollm2": "demo-smollm2"}  # rollyard demo --model NAME -> built-in config
+DEMO_AGENTS = {"mini-swe-agent": "demo-mini-swe-agent"}  # rollyard demo --agent CLI (on SmolLM2)
 
 
 def run_demo(
-    seed: int, run_dir: Path | None, quick: bool, overrides: dict[str, Any], *, model: str = "tiny"
+    seed: int,
+    run_dir: Path | None,
+    quick: bool,
+    overrides: dict[str, Any],
+    *,
+    model: str = "tiny",
+    agent: str | None = None,
 ) -> dict[str, Any]:
-    """``rollyard demo``: the embedded config with every seed set from ``seed``; then the report."""
+    """``rollyard demo``: the embedded config with every seed set from ``seed``; then the report.
+    ``agent``: the CLI-learning demo of that black-box CLI (installed first if it is not)."""
     if model not in DEMO_MODELS:
         raise ConfigError(f"unknown demo model {model!r}; choose one of: {', '.join(DEMO_MODELS)}")
-    if quick and model != "tiny":
-        raise ConfigError("--quick is the tiny model's smoke config; it has no --model variant")
-    name = "quick" if quick else DEMO_MODELS[model]
+    if agent is not None and agent not in DEMO_AGENTS:
+        raise ConfigError(f"no CLI-learning demo for {agent!r}; choose one of: {', '.join(DEMO_AGENTS)}")
+    if quick and (model != "tiny" or agent is not None):
+        raise ConfigError("--quick is the tiny model's smoke config; it has no --model or --agent variant")
+    if agent is not None:
+        from rollyard.agents.install import install, require_reachable_cache
+
+        require_reachable_cache()  # fail now, not after the install and the engine's start
+        install(agent)  # once; cached
+    name = "quick" if quick else DEMO_AGENTS[agent] if agent is not None else DEMO_MODELS[model]
     seeded = {"run.seed": seed, "model.seed": seed, "tasks.train.seed": 1000 + seed}
     if not quick:
         seeded["tasks.eval.seed"] = 2000 + seed

@@ -27,6 +27,7 @@ from rollyard.rollout.rundir import RunDir
 from rollyard.rollout.services import Services, make_provider, open_services
 from rollyard.rollout.sft import warm_start
 from rollyard.rollout.sft_blackbox import cli_warm_start
+from rollyard.rollout.sft_scripted import scripted_warm_start
 from rollyard.tasks.model import Task
 
 log = logging.getLogger(__name__)
@@ -135,14 +136,16 @@ async def train(
     if cfg.sft.enabled:
         blackbox = cfg.agent.kind == "blackbox"
         what = (
-            f"{cfg.sft.demos} {cfg.agent.profile} programs' prompts"
+            f"{cfg.sft.demos} {cfg.agent.profile} programs"
+            + (" against the scripted engine" if cfg.sft.kind == "scripted" else "' prompts")
             if blackbox
             else f"{cfg.sft.demos} demonstrations"
         )
         say({"event": "phase", "phase": "sft", "detail": f"{what}, {cfg.sft.epochs} epochs"})
-        if blackbox:  # the CLI's own prompts, answered with a finished turn
+        if blackbox:  # the CLI's own prompts, answered with a finished turn or by the script
             with ray_session(cfg, run.root):  # its engines may be Ray actors, on the run's cluster
-                start = await cli_warm_start(train_tasks, start, run.root, cfg)
+                cli_start = scripted_warm_start if cfg.sft.kind == "scripted" else cli_warm_start
+                start = await cli_start(train_tasks, start, run.root, cfg)
         else:
             start = await warm_start(train_tasks, provider, start, run.root, cfg)
     if cfg.engine.drafting.method == "eagle":  # head: auto is made (or found) before engines start

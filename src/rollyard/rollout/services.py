@@ -310,8 +310,11 @@ class Services:
 
 
 @contextlib.asynccontextmanager
-async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int) -> AsyncIterator[Services]:
-    """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens."""
+async def open_services(
+    cfg: Config, run_dir: Path, weights: Path, version: int, *, fleet: EngineFleet | None = None
+) -> AsyncIterator[Services]:
+    """Engines, then the gateway, then the sandbox pool; torn down in reverse whatever happens.
+    ``fleet``: engines the caller runs (the scripted warm start's stand-in) instead of starting them."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     starting: list[EngineProcess] = []
     gateways: list[GatewayServer] = []
@@ -322,7 +325,8 @@ async def open_services(cfg: Config, run_dir: Path, weights: Path, version: int)
             g.kill()
 
     with on_forced_exit(forced_exit):
-        fleet = await _start_engines(cfg, run_dir, weights, version, starting)
+        if fleet is None:
+            fleet = await _start_engines(cfg, run_dir, weights, version, starting)
         try:
             if cfg.engine.urls:  # an attached engine serves what it last loaded, maybe not ``weights``
                 await asyncio.gather(*(b.load_weights(str(weights), version) for b in fleet.backends))

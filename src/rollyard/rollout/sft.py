@@ -148,6 +148,7 @@ async def train_demonstrations(samples: list[Sample], base_dir: Path, out_root: 
         lr=cfg.sft.lr,
         seed=cfg.run.seed,
         token_budget=cfg.trainer.token_budget,
+        train_layers=cfg.sft.train_layers,
     )
     log.info("sft done steps=%d final_loss=%.4f", result["steps"], result["losses"][-1])
     return Path(result["weights"])

@@ -86,8 +86,10 @@ def run_sft(
     lr: float = 1e-4,
     seed: int = 0,
     token_budget: int = 8192,
+    train_layers: int | None = None,
 ) -> dict[str, Any]:
-    """Train ``steps`` SFT steps from ``model_dir`` and write ``out_dir/v{steps}`` (HF dir + tokenizer)."""
+    """Train ``steps`` SFT steps from ``model_dir`` and write ``out_dir/v{steps}`` (HF dir + tokenizer);
+    ``train_layers``: only the top N decoder layers (long CLI prompts cost less to backpropagate)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,7 +104,9 @@ def run_sft(
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError):
         tokenizer = None
-    config = TrainConfig(lr=lr, token_budget=token_budget, loss=LossConfig(kind="sft"))
+    config = TrainConfig(
+        lr=lr, token_budget=token_budget, loss=LossConfig(kind="sft"), train_layers=train_layers
+    )
     trainer = Trainer(model, config)
     history = []
     for step, batch in zip(range(steps), batches(samples, batch_size, seed), strict=False):
