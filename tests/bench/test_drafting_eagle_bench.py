@@ -1,0 +1,58 @@
+"""``rollyard bench drafting-eagle`` (the eagle rows of ``bench drafting``) without engines: each
+run's config is the reading demo's with its drafting, a run dir prepared from the cached warm
+start is one the demo's SFT step takes as done, and the summary holds the issue's keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollyard.bench.drafting_eagle import RUNS, _prepare, run_config, summary
+from rollyard.rollout.sft import finished_warm_start
+
+
+def test_each_run_is_the_demo_with_its_drafting(tmp_path: Path) -> None:
+    for name in RUNS:
+        cfg = run_config(name, tmp_path / "model", steps=3, quick=False)
+        d = cfg.engine.drafting
+        assert d.method == ("grouped_suffix" if name == "grouped" else "eagle")
+        if d.method == "eagle":
+            assert d.head == "auto" and d.online == (name == "online")
+            assert d.warm_steps == type(d)().warm_steps  # head: auto with its default warm-up
+        assert cfg.sft.enabled  # the run's SFT step finds the warm start done, and its demos
+        assert cfg.run.steps == 3 and cfg.tasks.eval is None and cfg.publish.mode == "disk"
+        assert cfg.run.groups_per_step == 4  # the demo's
+    assert run_config("online", tmp_path, steps=2, quick=True).run.groups_per_step == 2
+
+
+def test_a_prepared_run_dir_skips_the_sft(tmp_path: Path) -> None:
+    model = tmp_path / "cache" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    demos = tmp_path / "cache" / "demos.jsonl"
+    demos.write_text("{}\n")
+    _prepare(tmp_path / "run", model, demos)
+    done = finished_warm_start(tmp_path / "run" / "sft")
+    assert done is not None and done.resolve() == model.resolve()
+    assert (tmp_path / "run" / "sft" / "demos.jsonl").read_text() == "{}\n"
+
+
+def test_the_summary_has_the_issues_keys() -> None:
+    runs = {n: {"accept_first": 1.0 + i, "accept_last": 2.0 + i} for i, n in enumerate(RUNS)}
+    greedy = [[1, 2, 3]]
+    details = {
+        "steps": 3,
+        "runs": runs,
+        "decode": {
+            "none": {"greedy": greedy, "levels": {"4": {"tok_s": 10.0}, "16": {"tok_s": 40.0}}},
+            "eagle": {"greedy": greedy, "levels": {"4": {"tok_s": 15.0}, "16": {"tok_s": 30.0}}},
+        },
+    }
+    s = summary(details)
+    assert {"accept_online_last", "accept_frozen_last", "accept_grouped_last"} <= set(s)
+    assert s["tok_s_ratio_online_4"] == 15.0 / 10.0 and s["tok_s_ratio_online_16"] == 30.0 / 40.0
+    assert s["online_minus_frozen_last"] == runs["online"]["accept_last"] - runs["frozen"]["accept_last"]
+    assert s["eagle_t0_identical"] is True
+    details["decode"]["eagle"]["greedy"] = [[1, 2, 4]]
+    assert summary(details)["eagle_t0_identical"] is False
+    partial = summary({"steps": 3, "runs": {"online": runs["online"]}})  # a bench cut short
+    assert "accept_online_last" in partial and "accept_frozen_last" not in partial
