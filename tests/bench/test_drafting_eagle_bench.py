@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollyard.bench.drafting_eagle import RUNS, _prepare, run_config, summary
+from rollyard.bench.drafting_eagle import QUICK_WARM_STEPS, RUNS, _prepare, run_config, summary
 from rollyard.rollout.sft import finished_warm_start
 
 
@@ -21,7 +21,9 @@ def test_each_run_is_the_demo_with_its_drafting(tmp_path: Path) -> None:
         assert cfg.sft.enabled  # the run's SFT step finds the warm start done, and its demos
         assert cfg.run.steps == 3 and cfg.tasks.eval is None and cfg.publish.mode == "disk"
         assert cfg.run.groups_per_step == 4  # the demo's
-    assert run_config("online", tmp_path, steps=2, quick=True).run.groups_per_step == 2
+    quick = run_config("online", tmp_path, steps=2, quick=True)
+    assert quick.run.groups_per_step == 2 and quick.engine.drafting.warm_steps == QUICK_WARM_STEPS
+    assert run_config("grouped", tmp_path, steps=2, quick=True).engine.drafting.method == "grouped_suffix"
 
 
 def test_a_prepared_run_dir_skips_the_sft(tmp_path: Path) -> None:
@@ -56,3 +58,10 @@ def test_the_summary_has_the_issues_keys() -> None:
     assert summary(details)["eagle_t0_identical"] is False
     partial = summary({"steps": 3, "runs": {"online": runs["online"]}})  # a bench cut short
     assert "accept_online_last" in partial and "accept_frozen_last" not in partial
+
+
+def test_bench_all_runs_the_eagle_rows_once_inside_drafting() -> None:
+    from rollyard.cli.bench import _part_of, available
+
+    assert "drafting-eagle" in available() and _part_of("drafting-eagle") == "drafting"
+    assert [n for n in available() if _part_of(n)] == ["drafting-eagle"]

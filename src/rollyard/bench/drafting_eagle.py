@@ -7,8 +7,8 @@ starting its own engine: ``engine.drafting`` ``{method: eagle, head: auto, onlin
 same with ``online: false`` (the head frozen after its warm-up; its shared embeddings and
 ``lm_head`` still follow the policy), and ``{method: grouped_suffix}``; all with k = ``K``,
 ``publish.mode: disk`` and no held-out evaluation. Every run starts from the demo's cached SFT
-warm start (``bench._readout``): the run dir's ``sft/`` is given that model and the
-demonstrations it was trained on (made once beside it, by the demo's own
+warm start (``bench._readout``): the run dir's ``sft/`` is given that model and demonstrations
+made as the warm start made its own (once, beside it, by the demo's own
 ``rollout.sft.demonstrations``), so the run skips the SFT but ``head: auto`` warm-trains the head
 on those demonstrations with its default ``warm_steps`` inside the run, cached under the model
 cache (the frozen run reuses the online run's warm-up). Acceptance length (``spec_acceptance_len``
@@ -37,8 +37,12 @@ from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR
 from rollyard.rollout.config import Config, builtin_config
 
+PART_OF = "drafting"  # whose run includes these rows: ``rollyard bench all`` runs them there only
 K = 4  # as the suffix rows of bench.drafting
 STEPS = 20  # the issue's run length (``--steps``)
+# --quick's head warm-up: a head step on 4 rows of ~500 tokens took 9-15 s here (2 shared cores),
+# so the default 200 is ~40 min, on top of the 32 demonstrations' policy forward (~9 s each)
+QUICK_WARM_STEPS = 20
 DEMO = "demo-smollm2"
 RUNS: dict[str, dict[str, Any]] = {
     "online": {"method": "eagle", "k": K, "head": "auto", "online": True},
@@ -48,8 +52,8 @@ RUNS: dict[str, dict[str, Any]] = {
 
 
 def demos(model: Path) -> Path:
-    """The demonstrations the cached warm start was trained on (the demo's seed and task set),
-    made once beside it: what ``head: auto`` warm-trains on."""
+    """Demonstrations as the demo's warm start makes them (its recipe and seed, the cached
+    warm start's tasks), made once beside the cached model: what ``head: auto`` warm-trains on."""
     out = model.parent / "demos.jsonl"
     if out.is_file():
         return out
@@ -83,6 +87,8 @@ def run_config(name: str, model: Path, steps: int, quick: bool) -> Config:
     }
     if quick:
         overrides |= {"run.groups_per_step": 2}
+        if RUNS[name]["method"] == "eagle":
+            overrides["engine.drafting"] = {**RUNS[name], "warm_steps": QUICK_WARM_STEPS}
     return builtin_config(DEMO, overrides)
 
 
@@ -184,7 +190,7 @@ def eagle_rows(
     """The three runs, then the decode comparison; ``done(summary, details)`` after each, so a
     bench cut short keeps what it measured."""
     t0 = time.perf_counter()
-    levels = [16] if quick else [4, 16]
+    levels = [4, 16]  # the issue's; --quick too (about 3 min of the run)
     model = sft_model()  # the first run warm-starts it (minutes); later runs reuse the cache
     demo_file = demos(model)
     details: dict[str, Any] = {

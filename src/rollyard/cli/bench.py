@@ -40,7 +40,8 @@ def bench(
     seeds: int | None = typer.Option(None, min=1, help="offpolicy: seeds (warm starts) per config"),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
-    names = available() if name == "all" else [name]
+    # ``all`` leaves out a benchmark that another runs in full (``PART_OF``: drafting-eagle)
+    names = [n for n in available() if not _part_of(n)] if name == "all" else [name]
     for n in names:
         if n not in available():
             raise ConfigError(f"unknown benchmark {n!r}; available: {', '.join(available())}")
@@ -68,3 +69,9 @@ def _parameters(name: str) -> set[str]:
     """What benchmark ``name``'s ``main`` takes."""
     module = importlib.import_module(f"rollyard.bench.{name.replace('-', '_')}")
     return set(inspect.signature(module.main).parameters)
+
+
+def _part_of(name: str) -> str | None:
+    """The benchmark that also runs benchmark ``name`` whole, if any."""
+    module = importlib.import_module(f"rollyard.bench.{name.replace('-', '_')}")
+    return getattr(module, "PART_OF", None)
