@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollyard.bench.drafting_eagle import QUICK_WARM_STEPS, RUNS, _prepare, run_config, summary
+from rollyard.bench.drafting_eagle import (
+    QUICK_WARM_STEPS,
+    RUNS,
+    _prepare,
+    run_config,
+    summarize,
+    summary,
+)
 from rollyard.rollout.sft import finished_warm_start
 
 
@@ -65,3 +72,26 @@ def test_bench_all_runs_the_eagle_rows_once_inside_drafting() -> None:
 
     assert "drafting-eagle" in available() and _part_of("drafting-eagle") == "drafting"
     assert [n for n in available() if _part_of(n)] == ["drafting-eagle"]
+
+
+def test_a_step_that_drafted_nothing_has_no_acceptance_length() -> None:
+    rows = [
+        {"step": 1, "spec_drafts": 10, "spec_acceptance_len": 1.9},
+        {"step": 2, "spec_drafts": 12, "spec_acceptance_len": 2.3},
+        {"step": 3},  # its groups were all sampled before step 2 ended
+    ]
+    s = summarize(rows)
+    assert s["accept_first"] == rows[0]["spec_acceptance_len"] and s["first_drafted_step"] == 1
+    assert s["accept_last"] == rows[1]["spec_acceptance_len"] and s["last_drafted_step"] == 2
+    assert s["accept_per_step"][2] is None
+    assert summarize([{"step": 1}])["accept_last"] is None
+    cut = summary(
+        {
+            "steps": 1,
+            "runs": {
+                "online": {"accept_first": 2.0, "accept_last": 2.0},
+                "frozen": {"accept_first": None, "accept_last": None},
+            },
+        }
+    )
+    assert "online_minus_frozen_last" not in cut

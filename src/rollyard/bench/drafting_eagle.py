@@ -118,17 +118,22 @@ def train_run(
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run's acceptance at its first and last step, and the head's loss where it trained."""
+    """One run's acceptance at the first and last step that drafted, and the head's loss where
+    it trained. A step whose window saw no draft (its groups were all sampled before the
+    previous step ended, as an asynchronous run allows) has no acceptance length, not 1."""
 
-    def at(r: dict[str, Any]) -> float:
-        return float(r.get("spec_acceptance_len") or 1.0)  # no draft at all: nothing accepted
+    def at(r: dict[str, Any]) -> float | None:
+        return float(r["spec_acceptance_len"]) if r.get("spec_drafts") else None
 
+    drafted = [r for r in rows if r.get("spec_drafts")]
     out: dict[str, Any] = {
         "steps": len(rows),
-        "accept_first": at(rows[0]),
-        "accept_last": at(rows[-1]),
+        "accept_first": at(drafted[0]) if drafted else None,
+        "accept_last": at(drafted[-1]) if drafted else None,
+        "first_drafted_step": drafted[0]["step"] if drafted else None,
+        "last_drafted_step": drafted[-1]["step"] if drafted else None,
         "accept_per_step": [at(r) for r in rows],
-        "drafts_per_step": [r.get("spec_drafts", 0) for r in rows],
+        "drafts_per_step": [r.get("spec_drafts") for r in rows],
         "success_per_step": [r.get("success_rate") for r in rows],
         "step_wall_s": [r.get("wall_s") for r in rows],
     }
@@ -173,8 +178,9 @@ def summary(details: dict[str, Any]) -> dict[str, Any]:
         if name in runs:
             out[f"accept_{name}_first"] = runs[name]["accept_first"]
             out[f"accept_{name}_last"] = runs[name]["accept_last"]
-    if "online" in runs and "frozen" in runs:
-        out["online_minus_frozen_last"] = runs["online"]["accept_last"] - runs["frozen"]["accept_last"]
+    lasts = [runs.get(n, {}).get("accept_last") for n in ("online", "frozen")]
+    if None not in lasts:
+        out["online_minus_frozen_last"] = lasts[0] - lasts[1]
     d = details.get("decode")
     if d:
         for c, r in d["eagle"]["levels"].items():
