@@ -27,6 +27,7 @@ def test_each_run_is_the_demo_with_its_drafting(tmp_path: Path) -> None:
             assert d.warm_steps == type(d)().warm_steps  # head: auto with its default warm-up
         assert cfg.sft.enabled  # the run's SFT step finds the warm start done, and its demos
         assert cfg.run.steps == 3 and cfg.tasks.eval is None and cfg.publish.mode == "disk"
+        assert cfg.run.mode == "sync"  # each step drafted by the head of the version before it
         assert cfg.run.groups_per_step == 4  # the demo's
     quick = run_config("online", tmp_path, steps=2, quick=True)
     assert quick.run.groups_per_step == 2 and quick.engine.drafting.warm_steps == QUICK_WARM_STEPS

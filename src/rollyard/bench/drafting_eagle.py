@@ -82,6 +82,10 @@ def run_config(name: str, model: Path, steps: int, quick: bool) -> Config:
         "run.steps": steps,
         "run.progress": False,
         "run.checkpoint_every": steps,
+        # every step's groups sampled after the previous publish, so step n's acceptance is the
+        # head of version n - 1: asynchronously (8 groups in flight) a 2-step quick run sampled
+        # all its groups in step 1's window and step 2 drafted nothing
+        "run.mode": "sync",
         "publish.mode": "disk",  # the last version's weights and head stay on disk, to serve after
         "engine.drafting": RUNS[name],
     }
