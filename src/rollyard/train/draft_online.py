@@ -35,6 +35,7 @@ from rollyard.core.sample import Sample
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import (
+    HEAD_OPTIM,
     EagleHead,
     HeadTrainer,
     head_config,
@@ -68,7 +69,7 @@ def _key(start: Path, demos: Path | None, cfg: DraftingConfig, seed: int) -> str
         "demos": hashlib.sha256(demos.read_bytes()).hexdigest() if demos else None,
         "head": cfg.model_dump(mode="json", include={"topk", "warm_steps", "max_len", "lr"}),
         "seed": seed if demos else None,  # the warm start's row draws; no warm start, no draws
-        "recipe": 1,
+        "recipe": 2,  # 2: the warm-up's AdamW state is kept beside the head
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -119,15 +120,17 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
         policy = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval().requires_grad_(False)
         head = EagleHead.from_policy(policy)
         stats: list[dict[str, float]] = []
+        optim = None
         if cfg.warm_steps and demos is not None:
             samples = [Sample.model_validate_json(line) for line in demos.read_text().splitlines() if line]
             targets = policy_targets(policy, _rows(samples, WARM_ROWS, cfg.max_len), cfg.topk, cfg.max_len)
             torch.manual_seed(seed)
-            stats = warm_train(
-                HeadTrainer(head, policy, topk=cfg.topk, lr=cfg.lr), targets, cfg.warm_steps, seed=seed
-            )
+            trainer = HeadTrainer(head, policy, topk=cfg.topk, lr=cfg.lr)
+            stats = warm_train(trainer, targets, cfg.warm_steps, seed=seed)
+            optim = trainer.opt.state_dict()  # the online head continues it (``HEAD_OPTIM``)
             log.info("eagle head warm-trained steps=%d first=%s last=%s", len(stats), stats[0], stats[-1])
-        save_head(head, out, {"warm_steps": len(stats), "warm": stats[-1:] or None, "policy": str(start)})
+        meta = {"warm_steps": len(stats), "warm": stats[-1:] or None, "policy": str(start)}
+        save_head(head, out, meta, optim)
     return cfg.model_copy(update={"head": str(out)})
 
 
@@ -144,6 +147,18 @@ class OnlineHead:
         policy = model()
         self.head = load_head(cfg.head, policy)
         self.trainer = HeadTrainer(self.head, policy, topk=cfg.topk, lr=cfg.lr)
+        warm = Path(cfg.head) / HEAD_OPTIM
+        if warm.is_file():  # go on with the warm-up's AdamW: a fresh one's first step is lr * sign
+            import torch
+
+            self.trainer.opt.load_state_dict(torch.load(warm, map_location="cpu", weights_only=True))
+        else:
+            log.warning(
+                "the draft head %s has no %s: its first online step is a fresh AdamW's (every "
+                "weight moves by lr), which can undo its training (docs/drafting.md)",
+                cfg.head,
+                HEAD_OPTIM,
+            )
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One head step on the step's longest ``rows`` trajectories (one no-grad policy
