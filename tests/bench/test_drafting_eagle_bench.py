@@ -47,7 +47,10 @@ def test_a_prepared_run_dir_skips_the_sft(tmp_path: Path) -> None:
 
 
 def test_the_summary_has_the_issues_keys() -> None:
-    runs = {n: {"accept_first": 1.0 + i, "accept_last": 2.0 + i} for i, n in enumerate(RUNS)}
+    runs = {
+        n: {"accept_first": 1.0 + i, "accept_last": 2.0 + i, "last_drafted_step": 3}
+        for i, n in enumerate(RUNS)
+    }
     greedy = [[1, 2, 3]]
     details = {
         "steps": 3,
@@ -61,6 +64,7 @@ def test_the_summary_has_the_issues_keys() -> None:
     assert {"accept_online_last", "accept_frozen_last", "accept_grouped_last"} <= set(s)
     assert s["tok_s_ratio_online_4"] == 15.0 / 10.0 and s["tok_s_ratio_online_16"] == 30.0 / 40.0
     assert s["online_minus_frozen_last"] == runs["online"]["accept_last"] - runs["frozen"]["accept_last"]
+    assert s["online_minus_frozen_step"] == 3
     assert s["eagle_t0_identical"] is True
     details["decode"]["eagle"]["greedy"] = [[1, 2, 4]]
     assert summary(details)["eagle_t0_identical"] is False
@@ -96,3 +100,13 @@ def test_a_step_that_drafted_nothing_has_no_acceptance_length() -> None:
         }
     )
     assert "online_minus_frozen_last" not in cut
+    # both last drafted at step 1 (the quick run): the same warm head drafted both, no comparison
+    first_only = {"accept_first": 1.96, "accept_last": 1.96, "last_drafted_step": 1}
+    assert "online_minus_frozen_last" not in summary(
+        {"steps": 2, "runs": {"online": first_only, "frozen": {**first_only, "accept_last": 1.95}}}
+    )
+    # different last drafted steps are not one comparison either
+    later = {**first_only, "last_drafted_step": 3}
+    assert "online_minus_frozen_last" not in summary(
+        {"steps": 3, "runs": {"online": later, "frozen": {**later, "last_drafted_step": 2}}}
+    )

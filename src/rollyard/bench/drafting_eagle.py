@@ -182,9 +182,16 @@ def summary(details: dict[str, Any]) -> dict[str, Any]:
         if name in runs:
             out[f"accept_{name}_first"] = runs[name]["accept_first"]
             out[f"accept_{name}_last"] = runs[name]["accept_last"]
-    lasts = [runs.get(n, {}).get("accept_last") for n in ("online", "frozen")]
-    if None not in lasts:
-        out["online_minus_frozen_last"] = lasts[0] - lasts[1]
+    # only at one same step after the first: step 1 of both is drafted by the same warm head
+    # (version 0's), so a difference there measures nothing of the online training
+    on, fr = runs.get("online", {}), runs.get("frozen", {})
+    at = on.get("last_drafted_step")
+    if (
+        None not in (on.get("accept_last"), fr.get("accept_last"), at)
+        and at == fr.get("last_drafted_step") > 1
+    ):
+        out["online_minus_frozen_last"] = on["accept_last"] - fr["accept_last"]
+        out["online_minus_frozen_step"] = at
     d = details.get("decode")
     if d:
         for c, r in d["eagle"]["levels"].items():

@@ -152,13 +152,6 @@ class OnlineHead:
             import torch
 
             self.trainer.opt.load_state_dict(torch.load(warm, map_location="cpu", weights_only=True))
-        else:
-            log.warning(
-                "the draft head %s has no %s: its first online step is a fresh AdamW's (every "
-                "weight moves by lr), which can undo its training (docs/drafting.md)",
-                cfg.head,
-                HEAD_OPTIM,
-            )
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One head step on the step's longest ``rows`` trajectories (one no-grad policy
@@ -234,6 +227,13 @@ def online_head(
     if resumed is not None:
         head.load_state_dict(resumed)
         log.info("draft head resumed at its step %d", head.trainer.steps)
+    elif not head.trainer.opt.state:
+        log.warning(
+            "the draft head %s has no %s: its first online step is a fresh AdamW's (every weight "
+            "moves by lr), which can undo its training (docs/drafting.md)",
+            cfg.head,
+            HEAD_OPTIM,
+        )
     if publisher.mode == "disk":
         publisher.beside = head.write_beside
     elif isinstance(publisher.links, MemoryLinks):
