@@ -38,9 +38,9 @@ def test_every_correction_the_trainer_offers_is_a_config_and_each_config_is_vali
 def test_steps_and_seeds_are_refused_by_benches_that_do_not_take_them() -> None:
     _register()
     res = CliRunner().invoke(app, ["bench", "sandbox", "--steps", "2"])
-    assert isinstance(res.exception, ConfigError) and "--steps applies to offpolicy only" in str(
-        res.exception
-    )
+    assert isinstance(
+        res.exception, ConfigError
+    ) and "--steps applies to drafting, drafting-eagle, offpolicy only" in str(res.exception)
 
 
 @pytest.mark.engine

@@ -53,3 +53,36 @@ async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_vers
     if mode == "disk":
         assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()
     assert any((tmp_path / "cache" / "models" / "eagle-heads").glob(f"*/{HEAD_FILE}"))
+
+
+async def test_a_resumed_run_continues_the_online_head_from_its_checkpoint(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))
+    cfg = builtin_config(
+        "quick",
+        {
+            "model.path": str(tiny_model_dir),
+            "model.create": False,
+            "run.progress": False,
+            "run.steps": 1,
+            "run.checkpoint_every": 1,
+            "run.temperature": 0.0,
+            "agent.max_tokens": 64,
+            "engine.startup_timeout_s": 600,
+            "publish.mode": "disk",
+            "engine.drafting": {"method": "eagle", "k": 3, "online": True, "warm_steps": 0, "rows": 2},
+        },
+    )
+    run = RunDir(tmp_path / "run")
+    await train(cfg, run)  # stops after step 1 and its checkpoint
+    resumed = run.load_config({"run.steps": 2})
+    await train(resumed, run, resume=True)
+    rows = run.read_metrics()
+    assert [r["step"] for r in rows] == [1, 2]
+    # the head's second step: trained on from the checkpoint's head, not from the starting one
+    assert [r["draft_head_steps"] for r in rows] == [1, 2]
+    assert rows[1]["draft_head_delta"] > 0 and rows[1]["spec_drafts"] > 0
+    # the resumed engine started on version 1's weights with the head trained with them
+    assert resumed.engine.drafting.head == str(run.weights / "v000001" / HEAD_DIR)
+    assert (run.weights / "v000002" / HEAD_DIR / HEAD_FILE).is_file()

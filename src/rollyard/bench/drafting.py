@@ -18,6 +18,9 @@ for a ``custom_class`` drafter (not for (a) or (b)): that cost is part of the me
 result is written after every engine. Acceptance length (1 + accepted / drafts) comes from each
 engine's ``/metrics``; decode speed is completion tokens / wall time of the whole workload. At
 T = 0 every engine's outputs must be identical (drafting must not change what is sampled).
+
+Then the eagle rows (``bench.drafting_eagle``, also ``rollyard bench drafting-eagle`` alone): the
+learned head online, frozen, and grouped suffix over RL runs of the reading demo (``--steps``).
 """
 
 from __future__ import annotations
@@ -166,7 +169,24 @@ def _summary(res: dict[str, Any], greedy: dict[str, list[list[int]]], levels: li
     return summary
 
 
-def main(quick: bool = False) -> dict[str, Any]:
+def main(quick: bool = False, steps: int | None = None) -> dict[str, Any]:
+    """The suffix drafters' engines, then the eagle rows (``bench.drafting_eagle``: an RL run of
+    ``steps`` steps each, default 20; ``--quick`` 2) added to the same result and last line."""
+    from rollyard.bench.drafting_eagle import STEPS, eagle_rows
+
+    doc = suffix_rows(quick)
+
+    def done(eagle: dict[str, Any], details: dict[str, Any]) -> None:
+        nonlocal doc
+        doc = report("drafting", {**doc["summary"], **eagle}, {**doc["details"], "eagle": details})
+
+    base = dict(doc)
+    eagle_rows(quick, steps or (2 if quick else STEPS), lambda e, d: (doc.update(base), done(e, d)))
+    return doc
+
+
+def suffix_rows(quick: bool) -> dict[str, Any]:
+    """The engines with no drafting, ngram and ours (alone, grouped, grouped at fixed k)."""
     levels = [16] if quick else [4, 16]
     sweep = [8] if quick else [2, 8]
     per_level = TASKS_PER_LEVEL

@@ -34,11 +34,14 @@ def bench(
     ray_nodes: int = typer.Option(
         1, "--ray-nodes", min=1, max=2, help="e2e: 2 runs it also on two namespaced Ray nodes, side by side"
     ),
-    steps: int | None = typer.Option(None, min=1, help="offpolicy: training steps per run"),
+    steps: int | None = typer.Option(
+        None, min=1, help="offpolicy, drafting, drafting-eagle: training steps per run"
+    ),
     seeds: int | None = typer.Option(None, min=1, help="offpolicy: seeds (warm starts) per config"),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
-    names = available() if name == "all" else [name]
+    # ``all`` leaves out a benchmark that another runs in full (``PART_OF``: drafting-eagle)
+    names = [n for n in available() if not _part_of(n)] if name == "all" else [name]
     for n in names:
         if n not in available():
             raise ConfigError(f"unknown benchmark {n!r}; available: {', '.join(available())}")
@@ -54,8 +57,21 @@ def bench(
     sizes = {k: v for k, v in {"steps": steps, "seeds": seeds}.items() if v is not None}
     for key in sizes:
         if any(key not in inspect.signature(m.main).parameters for m in modules):
-            raise ConfigError(f"--{key} applies to offpolicy only")
+            takes = [n for n in available() if key in _parameters(n)]
+            raise ConfigError(f"--{key} applies to {', '.join(takes)} only")
     if ray_nodes != 1:
         sizes["ray_nodes"] = ray_nodes
     for m in modules:
         m.main(quick=quick, **({"model": model} if m in takes_model else {}), **sizes)
+
+
+def _parameters(name: str) -> set[str]:
+    """What benchmark ``name``'s ``main`` takes."""
+    module = importlib.import_module(f"rollyard.bench.{name.replace('-', '_')}")
+    return set(inspect.signature(module.main).parameters)
+
+
+def _part_of(name: str) -> str | None:
+    """The benchmark that also runs benchmark ``name`` whole, if any."""
+    module = importlib.import_module(f"rollyard.bench.{name.replace('-', '_')}")
+    return getattr(module, "PART_OF", None)

@@ -53,6 +53,7 @@ class LoopState:
     version: int
     ledger: GroupLedger
     failures: int = 0  # groups that raised and were dropped
+    draft_head: dict[str, Any] | None = None  # a resumed run's online draft head, from its checkpoint
 
 
 class TrainingLoop:
@@ -293,7 +294,13 @@ class TrainingLoop:
 
     async def save(self) -> None:
         """Checkpoint in a thread, as a train step runs: the gateway's loop keeps serving."""
-        extra = {"ledger": self.s.ledger.state_dict(), "version": self.s.version, "step": self.s.step}
+        extra: dict[str, Any] = {
+            "ledger": self.s.ledger.state_dict(),
+            "version": self.s.version,
+            "step": self.s.step,
+        }
+        if self.draft_head is not None:  # its weights and AdamW state, restored on --resume
+            extra["draft_head"] = self.draft_head.state_dict()
         await in_daemon_thread(self.trainer.save, self.run_dir.checkpoint, extra_state=extra)
 
     async def _evaluate(self, tag: str) -> dict[str, Any]:

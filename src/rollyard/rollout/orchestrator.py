@@ -98,7 +98,10 @@ def weights_to_keep(cfg: Config) -> int:
 def _resume_state(run: RunDir, trainer: Any) -> LoopState:
     extra = trainer.load(run.checkpoint)
     state = LoopState(
-        step=int(extra["step"]), version=int(extra["version"]), ledger=GroupLedger.from_state(extra["ledger"])
+        step=int(extra["step"]),
+        version=int(extra["version"]),
+        ledger=GroupLedger.from_state(extra["ledger"]),
+        draft_head=extra.get("draft_head"),
     )
     run.truncate_metrics(state.step)
     log.info("resumed run=%s step=%d version=%d", run.root, state.step, state.version)
@@ -188,6 +191,10 @@ async def _train(
             weights = run.weights / f"v{state.version:06d}"
             if not (weights / "config.json").is_file():
                 raise ConfigError(f"checkpoint is at version {state.version} but {weights} is missing")
+            if cfg.engine.drafting.method == "eagle":  # the engines start with that version's head
+                from rollyard.train.draft_online import served_head
+
+                cfg.engine.drafting = served_head(cfg.engine.drafting, weights)
     elif resume:
         run.truncate_metrics(0)
     if state.step >= cfg.run.steps:
@@ -238,7 +245,8 @@ async def _serve_and_loop(
             timeout_s=p.timeout_s,
         )
         await publisher.start()
-        head = online_head(cfg.engine.drafting, trainer, publisher)  # engine.drafting eagle, online
+        # engine.drafting eagle, online; a resumed run's head as its checkpoint saved it
+        head = online_head(cfg.engine.drafting, trainer, publisher, resumed=state.draft_head)
         if p.mode == "memory":
             svc.fleet.catch_up = publisher.catch_up
         if served != state.version:

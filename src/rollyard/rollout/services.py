@@ -38,6 +38,7 @@ from rollyard.rollout.rewarding import RunJudge, make_judge
 from rollyard.rollout.threads import in_daemon_thread
 from rollyard.sandbox.base import SandboxProvider
 from rollyard.sandbox.pool import SandboxPool
+from rollyard.train.draft_online import served_head
 from rollyard.train.publish import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,8 @@ class EngineFleet:
                 await asyncio.to_thread(server.stop)
                 server.model_dir = self.weights
                 server.weights_version = self.version  # the KV pool keys blocks by it
+                if isinstance(server, VLLMServer):  # disk: an online eagle head beside the weights
+                    server.drafting = served_head(server.drafting, self.weights)
                 # A daemon thread: Ctrl-C during a restart must not wait the ~40 s start-up out
                 # (the server's atexit hook still stops what it started).
                 await in_daemon_thread(self._restart, server)

@@ -33,6 +33,12 @@ from torch import nn
 from rollyard.core.errors import ConfigError
 from rollyard.engines.drafting.eagle_files import HEAD_FILE, HEAD_META
 
+# the warm-up's AdamW state beside an auto head, for the online head to continue: a fresh AdamW's
+# first step moves every weight by ``lr`` (m / sqrt(v) is the gradient's sign), ~2.1 in L2 for
+# SmolLM2-135M's 4.4 M head weights, and that step blew the warm head up (Top-K KL 1.08 -> 40.2).
+# Not ``*.pt``/``*.bin``: vLLM's loader would take those for weights.
+HEAD_OPTIM = "rollyard_adamw.pth"
+
 
 def head_config(target_config: Any) -> Any:
     """The head's ``config.json``: the target's Llama config cut to one layer."""
@@ -104,9 +110,15 @@ class EagleHead(nn.Module):
         self.layer.load_state_dict({k[len(prefix) :]: v for k, v in sd.items() if k.startswith(prefix)})
 
 
-def save_head(head: EagleHead, out_dir: str | Path, meta: dict[str, Any] | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` (+ our meta) into ``out_dir`` atomically
-    (a sibling temp dir renamed over it), so an engine never reads half a head."""
+def save_head(
+    head: EagleHead,
+    out_dir: str | Path,
+    meta: dict[str, Any] | None = None,
+    optim: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` (+ our meta, + ``optim``: the AdamW state
+    that trained it, ``HEAD_OPTIM``) into ``out_dir`` atomically (a sibling temp dir renamed
+    over it), so an engine never reads half a head."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
@@ -116,6 +128,8 @@ def save_head(head: EagleHead, out_dir: str | Path, meta: dict[str, Any] | None 
         head.config.to_json_file(str(tmp / "config.json"))
         save_file(head.vllm_state_dict(), str(tmp / HEAD_FILE))
         (tmp / HEAD_META).write_text(json.dumps(meta or {}))
+        if optim is not None:
+            torch.save(optim, tmp / HEAD_OPTIM)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

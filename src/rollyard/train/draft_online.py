@@ -11,8 +11,13 @@ the head trained against the version it serves (and in memory mode a restarted e
 catch-up gets it too). What does not: an engine restarted in disk mode comes back with the
 starting head (its launch's ``head``) beside the live policy until the next publish; a failed
 disk publish rolls the engines back to the previous version's dir, and when that is the base
-(v0, no ``draft_head/``) they keep the head just loaded; and the head and its
-optimizer are not checkpointed, so a resumed run trains on from the starting head.
+(v0, no ``draft_head/``) they keep the head just loaded.
+
+The head, its AdamW state and its counters go into the trainer's checkpoint (``state_dict``,
+under ``extra_state["draft_head"]``: the same staged write and rename) and come back on
+``--resume`` (``online_head(..., resumed=...)``), so a resumed run trains on from the saved
+head. ``served_head`` points an engine (re)started on a published version's dir (a resumed
+disk run, a restarted engine) at the head saved beside it.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from rollyard.core.cache import cache_dir
-from rollyard.core.errors import ConfigError
+from rollyard.core.errors import ConfigError, TrainError
 from rollyard.core.sample import Sample
 from rollyard.engines.drafting.config import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE, HEAD_PREFIX
 from rollyard.train.draft_head import (
+    HEAD_OPTIM,
     EagleHead,
     HeadTrainer,
     head_config,
@@ -63,7 +69,7 @@ def _key(start: Path, demos: Path | None, cfg: DraftingConfig, seed: int) -> str
         "demos": hashlib.sha256(demos.read_bytes()).hexdigest() if demos else None,
         "head": cfg.model_dump(mode="json", include={"topk", "warm_steps", "max_len", "lr"}),
         "seed": seed if demos else None,  # the warm start's row draws; no warm start, no draws
-        "recipe": 1,
+        "recipe": 2,  # 2: the warm-up's AdamW state is kept beside the head
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -114,15 +120,17 @@ def prepare_head(cfg: DraftingConfig, start: Path, demos: Path | None, seed: int
         policy = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval().requires_grad_(False)
         head = EagleHead.from_policy(policy)
         stats: list[dict[str, float]] = []
+        optim = None
         if cfg.warm_steps and demos is not None:
             samples = [Sample.model_validate_json(line) for line in demos.read_text().splitlines() if line]
             targets = policy_targets(policy, _rows(samples, WARM_ROWS, cfg.max_len), cfg.topk, cfg.max_len)
             torch.manual_seed(seed)
-            stats = warm_train(
-                HeadTrainer(head, policy, topk=cfg.topk, lr=cfg.lr), targets, cfg.warm_steps, seed=seed
-            )
+            trainer = HeadTrainer(head, policy, topk=cfg.topk, lr=cfg.lr)
+            stats = warm_train(trainer, targets, cfg.warm_steps, seed=seed)
+            optim = trainer.opt.state_dict()  # the online head continues it (``HEAD_OPTIM``)
             log.info("eagle head warm-trained steps=%d first=%s last=%s", len(stats), stats[0], stats[-1])
-        save_head(head, out, {"warm_steps": len(stats), "warm": stats[-1:] or None, "policy": str(start)})
+        meta = {"warm_steps": len(stats), "warm": stats[-1:] or None, "policy": str(start)}
+        save_head(head, out, meta, optim)
     return cfg.model_copy(update={"head": str(out)})
 
 
@@ -139,6 +147,11 @@ class OnlineHead:
         policy = model()
         self.head = load_head(cfg.head, policy)
         self.trainer = HeadTrainer(self.head, policy, topk=cfg.topk, lr=cfg.lr)
+        warm = Path(cfg.head) / HEAD_OPTIM
+        if warm.is_file():  # go on with the warm-up's AdamW: a fresh one's first step is lr * sign
+            import torch
+
+            self.trainer.opt.load_state_dict(torch.load(warm, map_location="cpu", weights_only=True))
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One head step on the step's longest ``rows`` trajectories (one no-grad policy
@@ -159,6 +172,25 @@ class OnlineHead:
         out["draft_head_skipped_total"] = float(self.trainer.skipped)
         return out
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the head: its weights (on the CPU), its AdamW state and
+        its counters."""
+        return {
+            "head": {k: v.detach().to("cpu", copy=True) for k, v in self.head.state_dict().items()},
+            "optim": self.trainer.opt.state_dict(),
+            "steps": self.trainer.steps,
+            "skipped": self.trainer.skipped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The head as a checkpoint saved it (``state_dict``)."""
+        try:
+            self.head.load_state_dict(state["head"])
+            self.trainer.opt.load_state_dict(state["optim"])
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise TrainError(f"the checkpoint's draft head does not fit this run's head: {e}") from e
+        self.trainer.steps, self.trainer.skipped = int(state["steps"]), int(state["skipped"])
+
     def write_beside(self, version_dir: Path) -> None:
         save_head(self.head, version_dir / HEAD_DIR, {"online_steps": self.trainer.steps})
 
@@ -167,16 +199,41 @@ class OnlineHead:
             yield HEAD_PREFIX + name, t
 
 
-def online_head(cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher) -> OnlineHead | None:
+def served_head(cfg: DraftingConfig, weights: Path) -> DraftingConfig:
+    """``cfg`` for an engine (re)started on the policy dir ``weights``: an online head's
+    version dir holds the head trained with it (``draft_head/``), served instead of the
+    starting head; any other dir (the base, a frozen head's versions) leaves ``cfg`` as is."""
+    own = weights / HEAD_DIR
+    if cfg.method != "eagle" or not (own / HEAD_FILE).is_file():
+        return cfg
+    return cfg.model_copy(update={"head": str(own)})
+
+
+def online_head(
+    cfg: DraftingConfig, trainer: Any, publisher: WeightPublisher, resumed: dict[str, Any] | None = None
+) -> OnlineHead | None:
     """The run's online head, hooked into ``publisher`` so each version carries it (disk: a
     ``draft_head/`` dir beside the weights; memory: its tensors after the policy's, under
-    ``HEAD_PREFIX``); None without eagle drafting or with a frozen head."""
+    ``HEAD_PREFIX``); None without eagle drafting or with a frozen head. ``resumed``: the
+    head's state from the checkpoint a resumed run loaded (``OnlineHead.state_dict``)."""
     if cfg.method != "eagle" or not cfg.online:
+        if resumed is not None:
+            log.warning("the checkpoint holds an online draft head; this run has none, so it is unused")
         return None
     model = getattr(trainer, "model", None)
     if model is None or not hasattr(model, "model"):
         raise ConfigError("engine.drafting.online with method eagle needs a transformers Llama policy")
     head = OnlineHead(cfg, lambda: trainer.model)
+    if resumed is not None:
+        head.load_state_dict(resumed)
+        log.info("draft head resumed at its step %d", head.trainer.steps)
+    elif not head.trainer.opt.state:
+        log.warning(
+            "the draft head %s has no %s: its first online step is a fresh AdamW's (every weight "
+            "moves by lr), which can undo its training (docs/drafting.md)",
+            cfg.head,
+            HEAD_OPTIM,
+        )
     if publisher.mode == "disk":
         publisher.beside = head.write_beside
     elif isinstance(publisher.links, MemoryLinks):
