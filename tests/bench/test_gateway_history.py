@@ -9,10 +9,10 @@ from pathlib import Path
 import aiohttp
 from tests.gateway.conftest import serving
 
-from rollyard.bench._canned_engine import answer, make_app
 from rollyard.bench._gateway_history import Conversation, Filler, _rewrites
 from rollyard.bench._gateway_load import Workload, _programs
 from rollyard.bench._procs import ADMIN, _gateway
+from rollyard.engines.canned import answer, make_app
 
 
 async def test_grown_conversations_are_extended_and_reach_the_engine_as_recorded(

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 from tests.gateway.conftest import serving
 
-from rollyard.bench import _canned_engine, _required_floor
+from rollyard.bench import _required_floor
+from rollyard.engines import canned
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import Renderer
 from rollyard.gateway.routes_openai_chat import ChatCompletionBody, to_request
@@ -18,7 +19,7 @@ from rollyard.gateway.tokenizer import FastTokenizer
 
 def test_each_turn_is_rendered_answered_and_journalled(tiny_model_dir: Path, tmp_path: Path) -> None:
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
-    with serving(_canned_engine.make_app(max_model_len=512, token_interval_s=0.0)) as engine:
+    with serving(canned.make_app(max_model_len=512, token_interval_s=0.0)) as engine:
         app = _required_floor.make_app(engine, tiny_model_dir, tmp_path)
         with serving(app) as url:
             post, key = f"{url}/v1/chat/completions", {"Authorization": "Bearer k1"}
@@ -47,7 +48,7 @@ async def test_a_programs_concurrent_turns_are_taken_one_at_a_time(
 ) -> None:
     """As in the gateway: turns of one program do not share a previous turn (no index clash)."""
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}
-    with serving(_canned_engine.make_app(max_model_len=512, token_interval_s=0.0)) as engine:
+    with serving(canned.make_app(max_model_len=512, token_interval_s=0.0)) as engine:
         app = _required_floor.make_app(engine, tiny_model_dir, tmp_path)
         with serving(app) as url:
             async with httpx.AsyncClient(headers={"Authorization": "Bearer k"}, timeout=30) as c:

@@ -19,11 +19,11 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from rollyard.bench._canned_engine import make_app as canned_engine
 from rollyard.core.net import free_ports
 from rollyard.core.program import Program
 from rollyard.core.tables import read_parquet
 from rollyard.engines.base import EngineStats
+from rollyard.engines.canned import make_app as canned_engine
 from rollyard.gateway.app import build_gateway, create_app
 from rollyard.gateway.serve import export_group
 from rollyard.gateway.shards import ShardLayout, journals_in, shard_of, shared_capacity

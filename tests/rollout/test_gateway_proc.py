@@ -15,9 +15,9 @@ from pathlib import Path
 import openai
 
 from gateway.conftest import serving  # type: ignore[import-not-found]
-from rollyard.bench._canned_engine import make_app as canned_engine
 from rollyard.core.events import Event, EventKind
 from rollyard.core.program import Program, ProgramState, SamplingPolicy
+from rollyard.engines.canned import make_app as canned_engine
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.rollout.gateway_proc import start_gateway
 from rollyard.rollout.remote_fence import RemoteFenced

@@ -18,16 +18,7 @@ import aiohttp
 import uvicorn
 
 from rollyard.core.engine_key import engine_headers
-
-
-async def read_body(receive: Any) -> bytes:
-    """The whole request body of a raw ASGI request (the relay's and the canned engine's)."""
-    body = b""
-    while True:
-        msg = await receive()
-        body += msg.get("body", b"")
-        if not msg.get("more_body"):
-            return body
+from rollyard.engines.canned import read_body
 
 
 def make_app(engine_url: str) -> Any:

@@ -1,6 +1,6 @@
 """``rollyard sim calibrate --gateway``: the real gateway's CPU per request, for the simulator.
 
-A ``rollyard gateway`` process in front of the canned engine (``_canned_engine``: answers at
+A ``rollyard gateway`` process in front of the canned engine (``engines.canned``: answers at
 once, so what is timed is the gateway's own work, read from its process's CPU time, as
 ``rollyard bench gateway`` reads ``cpu_ms_per_req``). Three kinds of waves, each ``concurrency``
 requests sent at once from that many programs, the gateway's CPU over the wave / its requests

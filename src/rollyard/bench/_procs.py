@@ -185,12 +185,12 @@ def _up(proc: subprocess.Popen[bytes], log: Path) -> bool:
 def _canned(
     max_model_len: int = 2048, token_interval_ms: float = 20.0, cores: str | None = None
 ) -> Iterator[tuple[str, Path]]:
-    """``rollyard.bench._canned_engine`` in its own process (on ``cores`` when given), and a tiny
+    """``rollyard.engines.canned`` in its own process (on ``cores`` when given), and a tiny
     model for the tokenizer."""
     from rollyard.engines.tiny_model import create_model
 
     port = free_port()
-    cmd = [sys.executable, "-m", "rollyard.bench._canned_engine", "--port", str(port)]
+    cmd = [sys.executable, "-m", "rollyard.engines.canned", "--port", str(port)]
     cmd += ["--max-model-len", str(max_model_len), "--token-interval-ms", str(token_interval_ms)]
     with tempfile.TemporaryDirectory() as d:
         model_dir = create_model(Path(d) / "tiny", seed=0, size="tiny")

@@ -31,10 +31,10 @@ from typing import Any
 import pydantic_core
 import uvicorn
 
-from rollyard.bench._floor_proxy import read_body
 from rollyard.bench._gateway_load import SAMPLING
 from rollyard.core.clock import SystemClock
 from rollyard.core.program import Program, SamplingPolicy
+from rollyard.engines.canned import read_body
 from rollyard.engines.vllm import VLLMBackend
 from rollyard.gateway.divided import Generated
 from rollyard.gateway.heap import tune_heap

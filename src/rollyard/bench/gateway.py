@@ -44,7 +44,7 @@ ratio could be) and ``cpu_vs_required_64`` (what the gateway's other work adds) 
 per-round ratios.
 
 Env: ``ROLLYARD_BENCH_ENGINE_URL`` + ``ROLLYARD_BENCH_MODEL_DIR`` reuse a running vLLM (served
-as ``tiny``). ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned`` puts ``_canned_engine`` (answers at once,
+as ``tiny``). ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned`` puts ``engines.canned`` (answers at once,
 computes nothing) in vLLM's place, result ``gateway-canned``: latencies and throughput are then
 the gateway's and the relay's own, and their CPU per request is measured without an engine
 competing for the same cores (``cpu_ratio_64``: gateway over relay at 64 programs;

@@ -2,7 +2,7 @@
 
 The CLI runs unmodified (its own prompts, tool calls and observations, in its sandbox, through
 the run's gateway) for ``sft.demos`` programs, but the engine behind the gateway is a script: a
-stand-in in vLLM's HTTP shape (``bench._canned_engine`` with a replier) that answers each turn
+stand-in in vLLM's HTTP shape (``engines.canned`` with a replier) that answers each turn
 with the tool call a solver would make next, rendered as the model emits it (the chat
 template's tool-call text, then the end-of-turn token). Every recorded turn (the prompt ids the
 gateway rendered for the CLI, the reply ids) is one SFT sample, so the warm start teaches the
@@ -29,12 +29,12 @@ from pathlib import Path
 import uvicorn
 
 from rollyard.agents.blackbox import load_profile
-from rollyard.bench._canned_engine import Reply, make_app
 from rollyard.core.errors import ConfigError
 from rollyard.core.net import free_port
 from rollyard.core.sample import Sample
 from rollyard.core.trajectory import FinishReason, Trajectory
 from rollyard.engines import chat_template as ct
+from rollyard.engines.canned import Reply, make_app
 from rollyard.gateway.tokenizer import FastTokenizer
 from rollyard.rollout.collect import LocalRunner, run_program
 from rollyard.rollout.config import SCRIPTED_FAMILIES, Config

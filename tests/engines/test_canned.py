@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 from tests.gateway.conftest import serving
 
-from rollyard.bench._canned_engine import make_app
 from rollyard.core.sampling import SamplingParams
+from rollyard.engines.canned import make_app
 from rollyard.engines.vllm import VLLMBackend
 
 

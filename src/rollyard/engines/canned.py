@@ -1,5 +1,8 @@
 """An engine that answers at once: ``POST /v1/completions`` in vLLM's shape, nothing computed.
 
+Two users: the benches (below) and the scripted warm start (``rollout.sft_scripted``), which gives
+it a reply function; it lives in ``engines`` so both may import it.
+
 ``ROLLYARD_BENCH_GATEWAY_ENGINE=canned rollyard bench gateway`` puts it where vLLM would be, so
 the gateway's and the relay's CPU per request are measured without an engine taking the same
 two cores (on this machine a real vLLM made the relay's own CPU per request vary 2.4x between
@@ -10,7 +13,7 @@ a decode step of a batch on a GPU), then the usage and ``[DONE]``.
 ``/v1/models``, ``/health`` and an empty ``/metrics`` are enough for the gateway to start and
 poll it.
 
-    python -m rollyard.bench._canned_engine --port PORT [--max-model-len N] [--token-interval-ms MS]
+    python -m rollyard.engines.canned --port PORT [--max-model-len N] [--token-interval-ms MS]
 """
 
 from __future__ import annotations
@@ -24,13 +27,22 @@ from typing import Any
 
 import uvicorn
 
-from rollyard.bench._floor_proxy import read_body
 from rollyard.core.errors import ConfigError
 
 # A reply chosen by the caller instead of the canned one: its token ids, their logprobs and its
-# finish reason ("stop" or "length"). ``rollyard.rollout.scripted_engine`` answers with these.
+# finish reason ("stop" or "length"). ``rollyard.rollout.sft_scripted.scripted_engine`` answers with these.
 Reply = tuple[list[int], list[float], str]
 Replier = Callable[[list[int], int], Reply]  # (prompt ids, max_tokens) -> reply
+
+
+async def read_body(receive: Any) -> bytes:
+    """The whole request body of a raw ASGI request (the canned engine's and the benches' relays)."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
 
 
 def answer(body: dict[str, Any], replier: Replier | None = None) -> dict[str, Any]:
