@@ -16,15 +16,16 @@ from rollyard.rollout.config import Config, builtin_config
 from rollyard.rollout.rundir import RunDir
 
 
+def own_engine_config(model_dir: Path, **overrides: Any) -> Config:
+    """The embedded quick config on ``model_dir`` (no model creation, no progress display); the
+    run starts its own engines."""
+    base = {"model.path": str(model_dir), "model.create": False, "run.progress": False}
+    return builtin_config("quick", {**base, **overrides})
+
+
 def quick_config(model_dir: Path, engine_url: str, **overrides: Any) -> Config:
     """The embedded quick config on the shared engine (no engine start, no model creation)."""
-    base = {
-        "model.path": str(model_dir),
-        "model.create": False,
-        "engine.urls": [engine_url],
-        "run.progress": False,
-    }
-    return builtin_config("quick", {**base, **overrides})
+    return own_engine_config(model_dir, **{"engine.urls": [engine_url], **overrides})
 
 
 def restore_engine(engine_url: str, model_dir: Path) -> None:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rollyard.rollout.config import builtin_config
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.report import make_report
 from rollyard.rollout.rundir import RunDir
+
+from .conftest import own_engine_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -18,12 +19,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 async def test_a_run_with_the_grouped_drafter_trains_and_records_acceptance(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(tiny_model_dir),
-            "model.create": False,
-            "run.progress": False,
+    cfg = own_engine_config(
+        tiny_model_dir,
+        **{
             "run.steps": 1,
             # Greedy, the random tiny model repeats itself, so the drafter has something to draft.
             "run.temperature": 0.0,

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from rollyard.engines.drafting.eagle_files import HEAD_DIR, HEAD_FILE
-from rollyard.rollout.config import builtin_config
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.rundir import RunDir
+
+from .conftest import own_engine_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -22,12 +23,9 @@ async def test_a_run_trains_the_eagle_head_online_and_the_engine_loads_each_vers
     mode: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))  # head: auto is made here
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(tiny_model_dir),
-            "model.create": False,
-            "run.progress": False,
+    cfg = own_engine_config(
+        tiny_model_dir,
+        **{
             "run.steps": 2,
             "run.temperature": 0.0,
             "agent.max_tokens": 64,
@@ -59,12 +57,9 @@ async def test_a_resumed_run_continues_the_online_head_from_its_checkpoint(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ROLLYARD_CACHE", str(tmp_path / "cache"))
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(tiny_model_dir),
-            "model.create": False,
-            "run.progress": False,
+    cfg = own_engine_config(
+        tiny_model_dir,
+        **{
             "run.steps": 1,
             "run.checkpoint_every": 1,
             "run.temperature": 0.0,

@@ -13,9 +13,10 @@ import torch
 from tests.rollout.test_full_e2e import _weights
 
 from rollyard.core.tables import read_parquet
-from rollyard.rollout.config import builtin_config
 from rollyard.rollout.orchestrator import train
 from rollyard.rollout.rundir import RunDir
+
+from .conftest import own_engine_config
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 BLOCK = 64  # the launcher's KV block size on CPU
@@ -24,12 +25,9 @@ BLOCK = 64  # the launcher's KV block size on CPU
 async def test_a_run_prefills_first_prompts_on_the_prefill_engine_and_decodes_on_the_other(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    cfg = builtin_config(
-        "quick",
-        {
-            "model.path": str(tiny_model_dir),
-            "model.create": False,
-            "run.progress": False,
+    cfg = own_engine_config(
+        tiny_model_dir,
+        **{
             "run.steps": 1,
             "engine.count": 2,
             "engine.kv_tokens": 4096,
