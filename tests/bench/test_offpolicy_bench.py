@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+import rollyard.bench._report
+from rollyard.bench import offpolicy
 from rollyard.bench.offpolicy import CONFIGS, DEMO, LR, STALENESS, run_overrides
-from rollyard.cli import _register, app
+from rollyard.cli import _register, app, main
+from rollyard.rollout.config import Config
 from rollyard.core.errors import ConfigError
 from rollyard.rl.corrections import WEIGHT_KINDS, CorrectionKind
 from rollyard.rollout.config import builtin_config
@@ -41,6 +48,110 @@ def test_steps_and_seeds_are_refused_by_benches_that_do_not_take_them() -> None:
     assert isinstance(
         res.exception, ConfigError
     ) and "--steps applies to drafting, drafting-eagle, offpolicy only" in str(res.exception)
+
+
+def test_work_and_max_runs_are_refused_by_benches_that_do_not_take_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, said in (
+        (["sandbox", "--work", str(tmp_path)], "--work applies to drafting-eagle, offpolicy only"),
+        (["drafting", "--work", str(tmp_path)], "--work applies to drafting-eagle, offpolicy only"),
+        (["sandbox", "--max-runs", "2"], "--max-runs applies to drafting-eagle, offpolicy only"),
+        (["offpolicy", "--max-runs", "2"], "--max-runs needs --work DIR"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["rollyard", "bench", *argv])
+        with pytest.raises(SystemExit) as exit_:
+            main()
+        assert exit_.value.code == 1
+        assert said in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+def _timeless(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {n: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs] for n, rs in runs.items()}
+
+
+def _config_name(cfg: Config) -> str:
+    return "onpolicy" if cfg.run.mode == "sync" else cfg.trainer.correction.kind.value
+
+
+@pytest.fixture
+def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """offpolicy.main without vLLM: its engine and restore are no-ops and its trainer returns
+    metrics rows that depend on the seed, the config and the steps; the runs it was called for."""
+    calls: list[str] = []
+
+    @contextmanager
+    def engine(seed: int, root: Path) -> Iterator[tuple[Path, str]]:
+        yield tmp_path / f"warm{seed}", "http://127.0.0.1:1"
+
+    async def train(cfg: Config, root: Path) -> list[dict[str, Any]]:
+        name = _config_name(cfg)
+        assert not root.exists()  # every run starts from an empty run dir
+        root.mkdir(parents=True)
+        calls.append(f"{cfg.run.seed}-{name}")
+        i = CONFIGS.index(name)
+        rows: list[dict[str, Any]] = [{"step": 0, "eval_success": 0.5 + 0.01 * cfg.run.seed}]
+        for step in range(1, cfg.run.steps + 1):
+            kl = 0.001 * (i + 1) * step + 0.0001 * cfg.run.seed
+            rows.append({"step": step, "train_behaviour_kl": kl, "train_grad_norm": 0.1 * step})
+        rows[-1]["eval_success"] = (i + 3 * cfg.run.seed) / 30
+        return rows
+
+    async def restore(url: str, model: Path) -> None:
+        return None
+
+    monkeypatch.setattr(offpolicy, "_engine", engine)
+    monkeypatch.setattr(offpolicy, "_train", train)
+    monkeypatch.setattr(offpolicy, "_restore", restore)
+    monkeypatch.setattr(rollyard.bench._report, "RESULTS_DIR", tmp_path / "results")
+    return calls
+
+
+def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
+    tmp_path: Path, trained: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    every = [f"{s}-{n}" for s in range(2) for n in CONFIGS]
+    whole = offpolicy.main(steps=2, seeds=2)  # today's behaviour: a temporary directory
+    assert trained == every and whole["details"]["reused_runs"] == []
+    assert whole["summary"]["seeds"] == 2 and whole["summary"]["icepop"] == (6 + 3 * 0.5) / 30
+    trained.clear()
+
+    work = tmp_path / "work"
+    first = offpolicy.main(steps=2, seeds=2, work=work, max_runs=5)
+    assert trained == every[:5]
+    assert sorted(p.name for p in work.glob("*.json")) == sorted(f"{r}.json" for r in every[:5])
+    assert first["summary"]["seeds"] == 1 and "geo_mask" not in first["summary"]
+    assert (work / "seed0-onpolicy").is_dir()  # the run dirs live under --work too
+    stored = json.loads((work / "0-none.json").read_text())
+    assert stored["key"]["lr"] == LR and stored["key"]["staleness"] == STALENESS and stored["key"]["steps"] == 2
+    assert stored["row"] == first["details"]["runs"]["none"][0]
+
+    # a row half-written when the session ended: its tmp file is ignored and the run redone
+    (work / ".0-geo_mask.json.tmp").write_text('{"key": {"bench": "offp')
+    trained.clear()
+    second = offpolicy.main(steps=2, seeds=2, work=work)
+    assert trained == every[5:]  # the patched trainer was not called for the five reused
+    assert second["details"]["reused_runs"] == every[:5]
+    assert second["summary"] == whole["summary"]
+    assert _timeless(second["details"]["runs"]) == _timeless(whole["details"]["runs"])
+    measured = second["details"]["measured"]
+    assert set(measured) == set(every) and [r for r in every if measured[r]["reused"]] == every[:5]
+    assert all(m["at"] and m["loadavg"] for m in measured.values())
+
+    # a row made under another key (here: another learning rate) is redone and overwritten
+    row = json.loads((work / "1-seq_tis.json").read_text())
+    row["key"]["lr"] = LR * 2
+    (work / "1-seq_tis.json").write_text(json.dumps(row))
+    trained.clear()
+    with caplog.at_level(logging.WARNING, logger="rollyard.bench._resume"):
+        third = offpolicy.main(steps=2, seeds=2, work=work)
+    assert trained == ["1-seq_tis"] and "1-seq_tis.json has another key" in caplog.text
+    assert json.loads((work / "1-seq_tis.json").read_text())["key"]["lr"] == LR
+    assert third["summary"] == whole["summary"]
+    trained.clear()
+    assert offpolicy.main(steps=3, seeds=2, work=work, max_runs=1)["details"]["reused_runs"] == []
+    assert trained == ["0-onpolicy"]  # other steps: no row is the same run
 
 
 @pytest.mark.engine
