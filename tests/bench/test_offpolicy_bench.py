@@ -19,10 +19,9 @@ import rollyard.bench._report
 from rollyard.bench import offpolicy
 from rollyard.bench.offpolicy import CONFIGS, DEMO, LR, STALENESS, run_overrides
 from rollyard.cli import _register, app, main
-from rollyard.rollout.config import Config
 from rollyard.core.errors import ConfigError
 from rollyard.rl.corrections import WEIGHT_KINDS, CorrectionKind
-from rollyard.rollout.config import builtin_config
+from rollyard.rollout.config import Config, builtin_config
 
 
 def test_every_correction_the_trainer_offers_is_a_config_and_each_config_is_valid() -> None:
@@ -124,7 +123,8 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     assert first["summary"]["seeds"] == 1 and "geo_mask" not in first["summary"]
     assert (work / "seed0-onpolicy").is_dir()  # the run dirs live under --work too
     stored = json.loads((work / "0-none.json").read_text())
-    assert stored["key"]["lr"] == LR and stored["key"]["staleness"] == STALENESS and stored["key"]["steps"] == 2
+    key = stored["key"]
+    assert (key["lr"], key["staleness"], key["steps"], key["seed"]) == (LR, STALENESS, 2, 0)
     assert stored["row"] == first["details"]["runs"]["none"][0]
 
     # a row half-written when the session ended: its tmp file is ignored and the run redone
