@@ -87,7 +87,9 @@ def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     async def train(cfg: Config, root: Path) -> list[dict[str, Any]]:
         name = _config_name(cfg)
         assert not root.exists()  # every run starts from an empty run dir
-        root.mkdir(parents=True)
+        (root / "weights" / "v000001").mkdir(parents=True)
+        (root / "checkpoint").mkdir()
+        (root / "metrics.jsonl").write_text("{}\n")
         calls.append(f"{cfg.run.seed}-{name}")
         i = CONFIGS.index(name)
         rows: list[dict[str, Any]] = [{"step": 0, "eval_success": 0.5 + 0.01 * cfg.run.seed}]
@@ -121,7 +123,8 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     assert trained == every[:5]
     assert sorted(p.name for p in work.glob("*.json")) == sorted(f"{r}.json" for r in every[:5])
     assert first["summary"]["seeds"] == 1 and "geo_mask" not in first["summary"]
-    assert (work / "seed0-onpolicy").is_dir()  # the run dirs live under --work too
+    run_dir = work / "seed0-onpolicy"  # the run dirs live under --work too, less their weights
+    assert (run_dir / "metrics.jsonl").is_file() and not {"weights", "checkpoint"} & set(os.listdir(run_dir))
     stored = json.loads((work / "0-none.json").read_text())
     key = stored["key"]
     assert (key["lr"], key["staleness"], key["steps"], key["seed"]) == (LR, STALENESS, 2, 0)

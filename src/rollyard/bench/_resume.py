@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +38,14 @@ def work_dir(work: Path | None, prefix: str) -> Iterator[Path]:
         return
     work.mkdir(parents=True, exist_ok=True)
     yield work
+
+
+def shed(run_dir: Path, weights: bool = True) -> None:
+    """A finished run's trainer checkpoint and (unless ``weights`` is False) published weights:
+    a version of SmolLM2 is 0.5 GB and its row needs neither; its metrics and logs stay."""
+    shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
+    if weights:
+        shutil.rmtree(run_dir / "weights", ignore_errors=True)
 
 
 def config_hash(cfg: Config) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 from rollyard.bench._readout import agent_turns, sft_config, sft_key, sft_model
 from rollyard.bench._report import loadavg, report
-from rollyard.bench._resume import Rows, config_hash, work_dir
+from rollyard.bench._resume import Rows, config_hash, shed, work_dir
 from rollyard.core.errors import TrainError
 from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR
@@ -280,10 +280,7 @@ def eagle_rows(
             got = train_run(name, run_dir, model, demo_file, steps, quick)
             row = {"wall_s": time.perf_counter() - t, **summarize(got)}
             runs[name] = store.save(name, run_key(name, steps, quick), row)
-            # each version's weights are 0.5 GB: keep only what decode serves (and no checkpoint)
-            shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
-            if name != "online":
-                shutil.rmtree(run_dir / "weights", ignore_errors=True)
+            shed(run_dir, weights=name != "online")  # decode serves the online run's last version
             write()
         if all(n in runs for n in RUNS):
             final = last_version(root / "online")

@@ -37,7 +37,7 @@ from typing import Any
 
 from rollyard.bench._readout import sft_key, sft_model
 from rollyard.bench._report import loadavg, report
-from rollyard.bench._resume import Rows, config_hash, work_dir
+from rollyard.bench._resume import Rows, config_hash, shed, work_dir
 from rollyard.core.errors import TrainError
 from rollyard.rollout.config import Config, builtin_config
 
@@ -221,6 +221,7 @@ def main(
                         asyncio.run(_restore(url, warm))
                     row = {"seed": seed, "wall_s": time.perf_counter() - t, **summarize(rows)}
                     got[seed, name] = store.save(f"{seed}-{name}", run_key(name, seed, steps, quick), row)
+                    shed(run_dir)
                     details["loadavg"].append(loadavg())
                     write()  # after every run, so a bench cut short keeps what it measured
         return write()
