@@ -157,6 +157,20 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     assert trained == ["0-onpolicy"]  # other steps: no row is the same run
 
 
+def test_the_cli_passes_work_and_max_runs_through(tmp_path: Path, trained: list[str]) -> None:
+    work = tmp_path / "work"
+    offpolicy.main(steps=2, seeds=1, work=work)  # seed 0's seven rows
+    trained.clear()
+    _register()
+    args = ["bench", "offpolicy", "--steps", "2", "--work", str(work)]
+    res = CliRunner().invoke(app, [*args, "--seeds", "2", "--max-runs", "1"])
+    assert res.exit_code == 0, res.output
+    assert trained == ["1-onpolicy"]  # seed 0 reused, one new run
+    assert res.output.strip().splitlines()[-1].startswith("offpolicy: onpolicy=")
+    trained.clear()
+    assert CliRunner().invoke(app, [*args, "--seeds", "1"]).exit_code == 0 and trained == []
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.longbench  # 21 min measured: make test-bench, not the CI suite
