@@ -110,7 +110,10 @@ def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
-    tmp_path: Path, trained: list[str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    trained: list[str],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     every = [f"{s}-{n}" for s in range(2) for n in CONFIGS]
     whole = offpolicy.main(steps=2, seeds=2)  # today's behaviour: a temporary directory
@@ -136,6 +139,7 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     second = offpolicy.main(steps=2, seeds=2, work=work)
     assert trained == every[5:]  # the patched trainer was not called for the five reused
     assert second["details"]["reused_runs"] == every[:5]
+    assert f"reused={','.join(every[:5])} running={','.join(every[5:])}" in capsys.readouterr().err
     assert second["summary"] == whole["summary"]
     assert _timeless(second["details"]["runs"]) == _timeless(whole["details"]["runs"])
     measured = second["details"]["measured"]

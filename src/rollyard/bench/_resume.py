@@ -102,12 +102,8 @@ class Rows:
     def announce(self, bench: str, todo: list[str]) -> None:
         """One line on stderr (stdout's last line is the bench's): what is reused, what runs now."""
         if self.root is not None:
-            reused = ", ".join(self.reused) or "none"
-            print(
-                f"{bench} --work {self.root}: reused {reused}; running {', '.join(todo) or 'none'}",
-                file=sys.stderr,
-                flush=True,
-            )
+            line = f"work={self.root} reused={','.join(self.reused) or '-'} running={','.join(todo) or '-'}"
+            print(f"{bench} {line}", file=sys.stderr, flush=True)
 
     def details(self) -> dict[str, Any]:
         """What the bench's details say of its rows: which were reused, when each was measured."""
