@@ -156,6 +156,14 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     assert trained == ["1-seq_tis"] and "1-seq_tis.json has another key" in caplog.text
     assert json.loads((work / "1-seq_tis.json").read_text())["key"]["lr"] == LR
     assert third["summary"] == whole["summary"]
+    # a row with the right key but no row in it (edited, or written by other code): redone
+    del row["row"]
+    row["key"]["lr"] = LR
+    (work / "1-seq_tis.json").write_text(json.dumps(row))
+    trained.clear()
+    with caplog.at_level(logging.WARNING, logger="rollyard.bench._resume"):
+        assert offpolicy.main(steps=2, seeds=2, work=work)["summary"] == whole["summary"]
+    assert trained == ["1-seq_tis"] and "1-seq_tis.json has no row" in caplog.text
     trained.clear()
     assert offpolicy.main(steps=3, seeds=2, work=work, max_runs=1)["details"]["reused_runs"] == []
     assert trained == ["0-onpolicy"]  # other steps: no row is the same run
@@ -173,6 +181,13 @@ def test_the_cli_passes_work_and_max_runs_through(tmp_path: Path, trained: list[
     assert res.output.strip().splitlines()[-1].startswith("offpolicy: onpolicy=")
     trained.clear()
     assert CliRunner().invoke(app, [*args, "--seeds", "1"]).exit_code == 0 and trained == []
+
+
+def test_work_that_is_a_file_is_refused_with_a_clear_error(tmp_path: Path, trained: list[str]) -> None:
+    (tmp_path / "work").write_text("not a directory")
+    with pytest.raises(ConfigError, match="is a file: give a directory"):
+        offpolicy.main(steps=2, seeds=1, work=tmp_path / "work")
+    assert trained == []
 
 
 @pytest.mark.engine

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rollyard.bench._report import loadavg
+from rollyard.core.errors import ConfigError
 from rollyard.rollout.config import Config
 from rollyard.rollout.rundir import write_atomic
 
@@ -36,6 +37,8 @@ def work_dir(work: Path | None, prefix: str) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
             yield Path(tmp)
         return
+    if work.exists() and not work.is_dir():
+        raise ConfigError(f"--work {work} is a file: give a directory (made if missing)")
     work.mkdir(parents=True, exist_ok=True)
     yield work
 
@@ -84,9 +87,12 @@ class Rows:
             stored = doc.get("key") if isinstance(doc, dict) else None
             log.warning("bench row %s has another key (%s, now %s): the run is redone", path, stored, key)
             return None
+        if not isinstance(doc.get("row"), dict) or not isinstance(doc.get("measured"), dict):
+            log.warning("bench row %s has no row or measured object: the run is redone", path)
+            return None
         self.reused.append(run)
         self.measured[run] = {**doc["measured"], "reused": True}
-        log.info("bench row %s reused (measured %s)", run, doc["measured"]["at"])
+        log.info("bench row %s reused (measured %s)", run, doc["measured"].get("at"))
         return doc["row"]
 
     def save(self, run: str, key: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
