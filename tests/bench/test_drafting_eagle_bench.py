@@ -190,6 +190,7 @@ def test_the_eagle_rows_in_pieces_reuse_finished_runs_and_sum_up_as_one_call(
     assert all(m["at"] and m["loadavg"] for m in measured.values())
     stored = json.loads((work / "frozen.json").read_text())
     assert stored["key"]["k"] == K and stored["key"]["drafting"]["online"] is False
+    assert stored["key"]["rows"] == drafting_eagle.ROWS and str(tmp_path) not in json.dumps(stored["key"])
     assert stored["row"] == third["details"]["runs"]["frozen"]
 
     calls.clear()  # all three reused: only decode reruns, on the kept online version

@@ -131,6 +131,8 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     stored = json.loads((work / "0-none.json").read_text())
     key = stored["key"]
     assert (key["lr"], key["staleness"], key["steps"], key["seed"]) == (LR, STALENESS, 2, 0)
+    assert key["rows"] == offpolicy.ROWS
+    assert str(tmp_path) not in json.dumps(key)  # no path: a row is reused from another clone too
     assert stored["row"] == first["details"]["runs"]["none"][0]
 
     # a row half-written when the session ended: its tmp file is ignored and the run redone

@@ -52,6 +52,9 @@ STEPS = 20  # the issue's run length (``--steps``)
 # so the default 200 is ~40 min, on top of the 32 demonstrations' policy forward (~9 s each)
 QUICK_WARM_STEPS = 20
 DEMO = "demo-smollm2"
+# bump when the way a run or its row is made changes (``train_run``, ``summarize``, the demos):
+# part of a stored row's key (``--work``), so a row of older code is not reused
+ROWS = 1
 RUNS: dict[str, dict[str, Any]] = {
     "online": {"method": "eagle", "k": K, "head": "auto", "online": True},
     "frozen": {"method": "eagle", "k": K, "head": "auto", "online": False},
@@ -220,6 +223,7 @@ def run_key(name: str, steps: int, quick: bool) -> dict[str, Any]:
         "k": K,
         "drafting": cfg.engine.drafting.model_dump(mode="json"),  # method, online, warm_steps...
         "demo": DEMO,
+        "rows": ROWS,
         "warm_start": sft_key(sft_config()),  # the cached warm start's own key
         "run_config": config_hash(cfg),  # the whole demo config as run
     }

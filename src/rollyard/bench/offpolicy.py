@@ -46,6 +46,9 @@ LR = 5.0e-5  # the demo trains at 5e-6; 2e-5 on every layer broke its tool-call 
 STALENESS = 4
 IN_FLIGHT = 16
 DEMO = "demo-smollm2"
+# bump when the way a run or its row is made changes (``_train``, ``summarize``, the engine's
+# flags): part of a stored row's key (``--work``), so a row of older code is not reused
+ROWS = 1
 
 
 def run_overrides(name: str, model: Path, url: str, steps: int, seed: int, quick: bool) -> dict[str, Any]:
@@ -146,6 +149,7 @@ def run_key(name: str, seed: int, steps: int, quick: bool) -> dict[str, Any]:
         "staleness": STALENESS,
         "in_flight": IN_FLIGHT,
         "demo": DEMO,
+        "rows": ROWS,
         "warm_start": sft_key(seed_config(seed)),  # the cached warm start's own key
         "run_config": config_hash(cfg),  # the whole demo config as run
     }
