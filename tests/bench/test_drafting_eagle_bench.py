@@ -79,6 +79,7 @@ def test_the_summary_has_the_issues_keys() -> None:
     assert summary(details)["eagle_t0_identical"] is False
     partial = summary({"steps": 3, "runs": {"online": runs["online"]}})  # a bench cut short
     assert "accept_online_last" in partial and "accept_frozen_last" not in partial
+    assert partial["eagle_missing"] == "frozen,grouped,decode" and "eagle_missing" not in s
 
 
 def test_bench_all_runs_the_eagle_rows_once_inside_drafting() -> None:
@@ -173,6 +174,8 @@ def test_the_eagle_rows_in_pieces_reuse_finished_runs_and_sum_up_as_one_call(
     first = drafting_eagle.main(steps=3, work=work, max_runs=1)
     assert calls == ["online"] and (work / "online.json").is_file()
     assert "accept_online_last" in first["summary"] and "accept_frozen_last" not in first["summary"]
+    assert first["summary"]["eagle_missing"] == "frozen,grouped,decode"  # a piece says so
+    assert "eagle_missing" not in whole["summary"]
     assert not (work / "online" / "checkpoint").exists()  # decode needs the last version only
     # a row half-written when the session ended: ignored, the run redone
     (work / ".frozen.json.tmp").write_text('{"key": {"bench": "drafting')

@@ -126,6 +126,9 @@ def test_a_bench_in_pieces_reuses_finished_runs_and_sums_up_as_one_call(
     assert trained == every[:5]
     assert sorted(p.name for p in work.glob("*.json")) == sorted(f"{r}.json" for r in every[:5])
     assert first["summary"]["seeds"] == 1 and "geo_mask" not in first["summary"]
+    # a piece says it is one: 5 of the 14 runs, and which are missing; the whole says nothing
+    assert first["summary"]["partial"] == "5/14" and first["details"]["missing_runs"] == every[5:]
+    assert "partial" not in whole["summary"] and whole["details"]["missing_runs"] == []
     run_dir = work / "seed0-onpolicy"  # the run dirs live under --work too, less their weights
     assert (run_dir / "metrics.jsonl").is_file() and not {"weights", "checkpoint"} & set(os.listdir(run_dir))
     stored = json.loads((work / "0-none.json").read_text())

@@ -209,6 +209,10 @@ def summary(details: dict[str, Any]) -> dict[str, Any]:
             out[f"tok_s_ratio_online_{c}"] = r["tok_s"] / d["none"]["levels"][c]["tok_s"]
         out["eagle_t0_identical"] = d["eagle"]["greedy"] == d["none"]["greedy"]
     out["eagle_steps"] = details["steps"]
+    # a bench cut short, or one piece of it (``--work``/``--max-runs``), says what it lacks
+    missing = [n for n in RUNS if n not in runs] + ([] if d else ["decode"])
+    if missing:
+        out["eagle_missing"] = ",".join(missing)
     return out
 
 

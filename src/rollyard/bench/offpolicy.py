@@ -209,8 +209,12 @@ def main(
         def write() -> dict[str, Any]:
             for n in CONFIGS:  # seed order, as one uninterrupted call appends them
                 runs[n][:] = [got[s, n] for s in range(seeds) if (s, n) in got]
-            details.update(store.details(), wall_s=time.perf_counter() - t0)
-            return report("offpolicy", _summary(runs), details)
+            missing = [f"{s}-{n}" for s in range(seeds) for n in CONFIGS if (s, n) not in got]
+            details.update(store.details(), missing_runs=missing, wall_s=time.perf_counter() - t0)
+            summary = _summary(runs)
+            if missing:  # a piece, not the whole: its means are over the seeds each config has so far
+                summary["partial"] = f"{seeds * len(CONFIGS) - len(missing)}/{seeds * len(CONFIGS)}"
+            return report("offpolicy", summary, details)
 
         for seed in sorted({s for s, _ in todo}):
             with _engine(seed, root) as (warm, url):
