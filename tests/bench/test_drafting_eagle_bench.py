@@ -4,16 +4,25 @@ start is one the demo's SFT step takes as done, and the summary holds the issue'
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import rollyard.bench._report
+from rollyard.bench import drafting_eagle
 from rollyard.bench.drafting_eagle import (
     QUICK_WARM_STEPS,
     RUNS,
+    K,
     _prepare,
     run_config,
     summarize,
     summary,
 )
+from rollyard.engines.drafting.eagle_files import HEAD_DIR
 from rollyard.rollout.sft import finished_warm_start
 
 
@@ -70,6 +79,7 @@ def test_the_summary_has_the_issues_keys() -> None:
     assert summary(details)["eagle_t0_identical"] is False
     partial = summary({"steps": 3, "runs": {"online": runs["online"]}})  # a bench cut short
     assert "accept_online_last" in partial and "accept_frozen_last" not in partial
+    assert partial["eagle_missing"] == "frozen,grouped,decode" and "eagle_missing" not in s
 
 
 def test_bench_all_runs_the_eagle_rows_once_inside_drafting() -> None:
@@ -110,3 +120,98 @@ def test_a_step_that_drafted_nothing_has_no_acceptance_length() -> None:
     assert "online_minus_frozen_last" not in summary(
         {"steps": 3, "runs": {"online": later, "frozen": {**later, "last_drafted_step": 2}}}
     )
+
+
+@pytest.fixture
+def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """drafting_eagle.main without vLLM: the warm start and demonstrations are files, the trainer
+    writes a run dir (the online run's last version with its head) and returns metrics rows that
+    depend on the run and its steps, decode returns tok/s; what it was called for, in order."""
+    got: list[str] = []
+    model = tmp_path / "model"
+
+    def train_run(
+        name: str, root: Path, model_: Path, demo_file: Path, steps: int, quick: bool
+    ) -> list[dict[str, Any]]:
+        assert not root.exists() and model_ == model  # every run starts from an empty run dir
+        for v in range(1, steps + 1):
+            (root / "weights" / f"v{v:06d}" / HEAD_DIR).mkdir(parents=True)
+        (root / "checkpoint").mkdir()
+        got.append(name)
+        i = list(RUNS).index(name)
+        return [
+            {"step": s, "spec_drafts": 10 * s, "spec_acceptance_len": 1.5 + 0.1 * i + 0.01 * s}
+            for s in range(1, steps + 1)
+        ]
+
+    def decode(final: Path, turns_from: Path, levels: list[int]) -> dict[str, Any]:
+        assert final.parent.parent.name == "online" and (final / HEAD_DIR).is_dir()
+        got.append(f"decode {final.name}")
+        tok_s = {c: {"tok_s": float(c)} for c in map(str, levels)}
+        return {
+            "none": {"greedy": [[1]], "levels": tok_s},
+            "eagle": {"greedy": [[1]], "levels": {c: {"tok_s": 1.5 * float(c)} for c in tok_s}},
+        }
+
+    monkeypatch.setattr(drafting_eagle, "sft_model", lambda: model)
+    monkeypatch.setattr(drafting_eagle, "demos", lambda m: tmp_path / "demos.jsonl")
+    monkeypatch.setattr(drafting_eagle, "train_run", train_run)
+    monkeypatch.setattr(drafting_eagle, "decode", decode)
+    monkeypatch.setattr(rollyard.bench._report, "RESULTS_DIR", tmp_path / "results")
+    return got
+
+
+def test_the_eagle_rows_in_pieces_reuse_finished_runs_and_sum_up_as_one_call(
+    tmp_path: Path, calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    whole = drafting_eagle.main(steps=3)  # today's behaviour: a temporary directory
+    assert calls == ["online", "frozen", "grouped", "decode v000003"]
+    assert whole["summary"]["online_minus_frozen_last"] < 0
+    assert whole["summary"]["tok_s_ratio_online_16"] == 1.5
+    calls.clear()
+
+    work = tmp_path / "work"
+    first = drafting_eagle.main(steps=3, work=work, max_runs=1)
+    assert calls == ["online"] and (work / "online.json").is_file()
+    assert "accept_online_last" in first["summary"] and "accept_frozen_last" not in first["summary"]
+    assert first["summary"]["eagle_missing"] == "frozen,grouped,decode"  # a piece says so
+    assert "eagle_missing" not in whole["summary"]
+    assert not (work / "online" / "checkpoint").exists()  # decode needs the last version only
+    # a row half-written when the session ended: ignored, the run redone
+    (work / ".frozen.json.tmp").write_text('{"key": {"bench": "drafting')
+    calls.clear()
+    second = drafting_eagle.main(steps=3, work=work, max_runs=1)
+    assert calls == ["frozen"] and second["details"]["reused_runs"] == ["online"]
+    assert not (work / "frozen" / "weights").exists()  # only the online run's weights are served
+    calls.clear()
+    third = drafting_eagle.main(steps=3, work=work)
+    assert calls == ["grouped", "decode v000003"]  # the patched trainer not called for the reused
+    assert third["details"]["reused_runs"] == ["online", "frozen"]
+    assert third["summary"] == whole["summary"]
+    measured = third["details"]["measured"]
+    assert [measured[n]["reused"] for n in RUNS] == [True, True, False]
+    assert all(m["at"] and m["loadavg"] for m in measured.values())
+    stored = json.loads((work / "frozen.json").read_text())
+    assert stored["key"]["k"] == K and stored["key"]["drafting"]["online"] is False
+    assert stored["key"]["rows"] == drafting_eagle.ROWS and str(tmp_path) not in json.dumps(stored["key"])
+    assert stored["row"] == third["details"]["runs"]["frozen"]
+
+    calls.clear()  # all three reused: only decode reruns, on the kept online version
+    assert drafting_eagle.main(steps=3, work=work)["summary"] == whole["summary"]
+    assert calls == ["decode v000003"]
+
+    # a row made under another key is redone and overwritten; so is the online run without its version
+    stored["key"]["k"] = K + 1
+    (work / "frozen.json").write_text(json.dumps(stored))
+    for v in (work / "online" / "weights").iterdir():
+        (v / HEAD_DIR).rmdir()
+    calls.clear()
+    with caplog.at_level(logging.WARNING):
+        fourth = drafting_eagle.main(steps=3, work=work)
+    assert calls == ["online", "frozen", "decode v000003"] and fourth["details"]["reused_runs"] == ["grouped"]
+    assert "frozen.json has another key" in caplog.text and "no last version" in caplog.text
+    assert json.loads((work / "frozen.json").read_text())["key"]["k"] == K
+    assert fourth["summary"] == whole["summary"]
+    calls.clear()
+    assert drafting_eagle.main(steps=2, work=work, max_runs=1)["details"]["reused_runs"] == []
+    assert calls == ["online"]  # other steps: no row is the same run

@@ -18,11 +18,16 @@ Then the online run's last version (its policy and the head trained with it, ``d
 is served twice, with and without the head, on the agent turns of ``bench.drafting`` (G = 16
 samples per turn at T = 1, at 4 and 16 concurrent): decode tok/s with / without, and T = 0
 outputs compared.
+
+``--work DIR``: the three runs live in DIR (the online run's last version kept for decode) and each
+finished one's row is kept there, so the bench can be measured in pieces (``--max-runs N`` new runs
+per call; ``bench._resume``); the decode comparison is measured anew by the call that finds all three.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 import time
@@ -30,12 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rollyard.bench._readout import agent_turns, sft_config, sft_model
+from rollyard.bench._readout import agent_turns, sft_config, sft_key, sft_model
 from rollyard.bench._report import loadavg, report
+from rollyard.bench._resume import Rows, config_hash, shed, work_dir
 from rollyard.core.errors import TrainError
 from rollyard.engines.drafting import DraftingConfig
 from rollyard.engines.drafting.eagle_files import HEAD_DIR
 from rollyard.rollout.config import Config, builtin_config
+
+log = logging.getLogger(__name__)
 
 PART_OF = "drafting"  # whose run includes these rows: ``rollyard bench all`` runs them there only
 K = 4  # as the suffix rows of bench.drafting
@@ -44,6 +52,9 @@ STEPS = 20  # the issue's run length (``--steps``)
 # so the default 200 is ~40 min, on top of the 32 demonstrations' policy forward (~9 s each)
 QUICK_WARM_STEPS = 20
 DEMO = "demo-smollm2"
+# bump when the way a run or its row is made changes (``train_run``, ``summarize``, the demos):
+# part of a stored row's key (``--work``), so a row of older code is not reused
+ROWS = 1
 RUNS: dict[str, dict[str, Any]] = {
     "online": {"method": "eagle", "k": K, "head": "auto", "online": True},
     "frozen": {"method": "eagle", "k": K, "head": "auto", "online": False},
@@ -198,14 +209,46 @@ def summary(details: dict[str, Any]) -> dict[str, Any]:
             out[f"tok_s_ratio_online_{c}"] = r["tok_s"] / d["none"]["levels"][c]["tok_s"]
         out["eagle_t0_identical"] = d["eagle"]["greedy"] == d["none"]["greedy"]
     out["eagle_steps"] = details["steps"]
+    # a bench cut short, or one piece of it (``--work``/``--max-runs``), says what it lacks
+    missing = [n for n in RUNS if n not in runs] + ([] if d else ["decode"])
+    if missing:
+        out["eagle_missing"] = ",".join(missing)
     return out
 
 
+def run_key(name: str, steps: int, quick: bool) -> dict[str, Any]:
+    """What decides run ``name``: a stored row made under another key is not reused."""
+    cfg = run_config(name, Path("warm-start"), steps, quick)
+    return {
+        "bench": "drafting-eagle",
+        "run": name,
+        "steps": steps,
+        "quick": quick,
+        "k": K,
+        "drafting": cfg.engine.drafting.model_dump(mode="json"),  # method, online, warm_steps...
+        "demo": DEMO,
+        "rows": ROWS,
+        "warm_start": sft_key(sft_config()),  # the cached warm start's own key
+        "run_config": config_hash(cfg),  # the whole demo config as run
+    }
+
+
+def last_version(root: Path) -> Path | None:
+    """The online run's last published version, if it is there with its head: what decode serves."""
+    finals = sorted((root / "weights").glob("v*"))
+    return finals[-1] if finals and (finals[-1] / HEAD_DIR).is_dir() else None
+
+
 def eagle_rows(
-    quick: bool, steps: int, done: Callable[[dict[str, Any], dict[str, Any]], None]
+    quick: bool,
+    steps: int,
+    done: Callable[[dict[str, Any], dict[str, Any]], None],
+    work: Path | None = None,
+    max_runs: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The three runs, then the decode comparison; ``done(summary, details)`` after each, so a
-    bench cut short keeps what it measured."""
+    """The three runs (``work``: finished ones reused, see ``bench._resume``; at most ``max_runs``
+    new ones), then, once all three are there, the decode comparison (always measured anew);
+    ``done(summary, details)`` after each, so a bench cut short keeps what it measured."""
     t0 = time.perf_counter()
     levels = [4, 16]  # the issue's; --quick too (about 3 min of the run)
     model = sft_model()  # the first run warm-starts it (minutes); later runs reuse the cache
@@ -219,31 +262,53 @@ def eagle_rows(
         "runs": {},
         "loadavg": [loadavg()],
     }
-    with tempfile.TemporaryDirectory(prefix="rollyard-bench-eagle-") as tmp:
-        for name in ("online", "frozen", "decode", "grouped"):
-            t = time.perf_counter()
-            if name == "decode":
-                finals = sorted((Path(tmp) / "online" / "weights").glob("v*"))
-                details["decode"] = decode(finals[-1], model, levels)
-                details["decode"]["wall_s"] = time.perf_counter() - t
-                shutil.rmtree(Path(tmp) / "online", ignore_errors=True)
-            else:
-                got = train_run(name, Path(tmp) / name, model, demo_file, steps, quick)
-                details["runs"][name] = {"wall_s": time.perf_counter() - t, **summarize(got)}
-                if name != "online":  # each version's weights are 0.5 GB: keep only what decode serves
-                    shutil.rmtree(Path(tmp) / name, ignore_errors=True)
+    runs = details["runs"]
+    with work_dir(work, "rollyard-bench-eagle-") as root:
+        store = Rows(root if work is not None else None)
+        for name in RUNS:
+            if name == "online" and work is not None and last_version(root / name) is None:
+                if (root / f"{name}.json").is_file():
+                    log.warning("%s has no last version and head to serve: the run is redone", root / name)
+                continue
+            row = store.load(name, run_key(name, steps, quick))
+            if row is not None:
+                runs[name] = row
+        todo = [n for n in RUNS if n not in runs][:max_runs]
+        store.announce("drafting-eagle", todo)
+
+        def write() -> None:
+            details.update(store.details(), wall_s=time.perf_counter() - t0)
             details["loadavg"].append(loadavg())
-            details["wall_s"] = time.perf_counter() - t0
             done(summary(details), details)
+
+        for name in todo:
+            run_dir = root / name
+            shutil.rmtree(run_dir, ignore_errors=True)  # cut short, or made under another key
+            t = time.perf_counter()
+            got = train_run(name, run_dir, model, demo_file, steps, quick)
+            row = {"wall_s": time.perf_counter() - t, **summarize(got)}
+            runs[name] = store.save(name, run_key(name, steps, quick), row)
+            shed(run_dir, weights=name != "online")  # decode serves the online run's last version
+            write()
+        if all(n in runs for n in RUNS):
+            final = last_version(root / "online")
+            if final is None:
+                raise TrainError(f"{root / 'online'} has no last version with its {HEAD_DIR}/ to serve")
+            t = time.perf_counter()
+            details["decode"] = decode(final, model, levels)
+            details["decode"]["wall_s"] = time.perf_counter() - t
+            write()
     return summary(details), details
 
 
-def main(quick: bool = False, steps: int | None = None) -> dict[str, Any]:
+def main(
+    quick: bool = False, steps: int | None = None, work: Path | None = None, max_runs: int | None = None
+) -> dict[str, Any]:
     doc: dict[str, Any] = {}
 
     def done(s: dict[str, Any], d: dict[str, Any]) -> None:
         nonlocal doc
         doc = report("drafting-eagle", s, d)
 
-    eagle_rows(quick, steps or (2 if quick else STEPS), done)
+    eagle_rows(quick, steps or (2 if quick else STEPS), done, work, max_runs)
     return doc

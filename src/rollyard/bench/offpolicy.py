@@ -20,19 +20,24 @@ acts (so it is comparable across configs). No threshold is set in advance.
 
 ``--quick``: 1 seed, 2 steps, 2 groups per step, 8 held-out tasks x 2 samples; ``--steps`` and
 ``--seeds`` override either size. The warm start per seed is cached (``bench._readout``).
+``--work DIR``: the runs live in DIR and each finished one's row is kept there, so the full size
+can be measured in pieces (``--max-runs N`` new runs per call; ``bench._resume``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import statistics
-import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rollyard.bench._readout import sft_model
+from rollyard.bench._readout import sft_key, sft_model
 from rollyard.bench._report import loadavg, report
+from rollyard.bench._resume import Rows, config_hash, shed, work_dir
 from rollyard.core.errors import TrainError
 from rollyard.rollout.config import Config, builtin_config
 
@@ -41,6 +46,9 @@ LR = 5.0e-5  # the demo trains at 5e-6; 2e-5 on every layer broke its tool-call 
 STALENESS = 4
 IN_FLIGHT = 16
 DEMO = "demo-smollm2"
+# bump when the way a run or its row is made changes (``_train``, ``summarize``, the engine's
+# flags): part of a stored row's key (``--work``), so a row of older code is not reused
+ROWS = 1
 
 
 def run_overrides(name: str, model: Path, url: str, steps: int, seed: int, quick: bool) -> dict[str, Any]:
@@ -128,10 +136,54 @@ def _summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def main(quick: bool = False, steps: int | None = None, seeds: int | None = None) -> dict[str, Any]:
+def run_key(name: str, seed: int, steps: int, quick: bool) -> dict[str, Any]:
+    """What decides run ``name`` at ``seed``: a stored row made under another key is not reused."""
+    cfg = builtin_config(DEMO, run_overrides(name, Path("warm-start"), "http://engine", steps, seed, quick))
+    return {
+        "bench": "offpolicy",
+        "config": name,
+        "seed": seed,
+        "steps": steps,
+        "quick": quick,
+        "lr": LR,
+        "staleness": STALENESS,
+        "in_flight": IN_FLIGHT,
+        "demo": DEMO,
+        "rows": ROWS,
+        "warm_start": sft_key(seed_config(seed)),  # the cached warm start's own key
+        "run_config": config_hash(cfg),  # the whole demo config as run
+    }
+
+
+@contextmanager
+def _engine(seed: int, root: Path) -> Iterator[tuple[Path, str]]:
+    """Seed ``seed``'s warm start (cached; made first if not) served by one vLLM that records the
+    sampled distribution's logprobs: the warm start's path and the engine's URL."""
     from rollyard.engines.launcher import VLLMServer
     from rollyard.rollout.services import LOGPROBS_OF_SAMPLED
 
+    base = seed_config(seed)
+    warm = sft_model(base)  # the first run per seed warm-starts it (minutes); then cached
+    with VLLMServer(
+        warm,
+        kv_tokens=base.engine.kv_tokens,
+        max_model_len=base.engine.max_model_len,
+        served_name="policy",
+        log_path=root / f"vllm-seed{seed}.log",
+        extra_args=list(LOGPROBS_OF_SAMPLED),
+    ) as server:
+        yield warm, server.url
+
+
+def main(
+    quick: bool = False,
+    steps: int | None = None,
+    seeds: int | None = None,
+    work: Path | None = None,
+    max_runs: int | None = None,
+) -> dict[str, Any]:
+    """Every seed x config run (``work``: finished ones reused, see ``bench._resume``; at most
+    ``max_runs`` new ones), then the summary of every row there is."""
     steps = steps or (2 if quick else 20)
     seeds = seeds or (1 if quick else 3)
     t0 = time.perf_counter()
@@ -143,30 +195,41 @@ def main(quick: bool = False, steps: int | None = None, seeds: int | None = None
         "runs": runs,
         "loadavg": [],
     }
-    doc: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="rollyard-bench-offpolicy-") as tmp:
+    with work_dir(work, "rollyard-bench-offpolicy-") as root:
+        store = Rows(root if work is not None else None)
+        got: dict[tuple[int, str], dict[str, Any]] = {}
         for seed in range(seeds):
-            base = seed_config(seed)
-            warm = sft_model(base)  # the first run per seed warm-starts it (minutes); then cached
-            engine = base.engine
-            with VLLMServer(
-                warm,
-                kv_tokens=engine.kv_tokens,
-                max_model_len=engine.max_model_len,
-                served_name="policy",
-                log_path=Path(tmp) / f"vllm-seed{seed}.log",
-                extra_args=list(LOGPROBS_OF_SAMPLED),
-            ) as server:
-                for name in CONFIGS:
-                    cfg = builtin_config(DEMO, run_overrides(name, warm, server.url, steps, seed, quick))
+            for name in CONFIGS:
+                row = store.load(f"{seed}-{name}", run_key(name, seed, steps, quick))
+                if row is not None:
+                    got[seed, name] = row
+        todo = [(s, n) for s in range(seeds) for n in CONFIGS if (s, n) not in got][:max_runs]
+        store.announce("offpolicy", [f"{s}-{n}" for s, n in todo])
+
+        def write() -> dict[str, Any]:
+            for n in CONFIGS:  # seed order, as one uninterrupted call appends them
+                runs[n][:] = [got[s, n] for s in range(seeds) if (s, n) in got]
+            missing = [f"{s}-{n}" for s in range(seeds) for n in CONFIGS if (s, n) not in got]
+            details.update(store.details(), missing_runs=missing, wall_s=time.perf_counter() - t0)
+            summary = _summary(runs)
+            if missing:  # a piece, not the whole: its means are over the seeds each config has so far
+                summary["partial"] = f"{seeds * len(CONFIGS) - len(missing)}/{seeds * len(CONFIGS)}"
+            return report("offpolicy", summary, details)
+
+        for seed in sorted({s for s, _ in todo}):
+            with _engine(seed, root) as (warm, url):
+                for name in [n for s, n in todo if s == seed]:
+                    cfg = builtin_config(DEMO, run_overrides(name, warm, url, steps, seed, quick))
+                    run_dir = root / f"seed{seed}-{name}"
+                    shutil.rmtree(run_dir, ignore_errors=True)  # cut short, or made under another key
                     t = time.perf_counter()
                     try:
-                        rows = asyncio.run(_train(cfg, Path(tmp) / f"seed{seed}-{name}"))
+                        rows = asyncio.run(_train(cfg, run_dir))
                     finally:
-                        asyncio.run(_restore(server.url, warm))
-                    runs[name].append({"seed": seed, "wall_s": time.perf_counter() - t, **summarize(rows)})
+                        asyncio.run(_restore(url, warm))
+                    row = {"seed": seed, "wall_s": time.perf_counter() - t, **summarize(rows)}
+                    got[seed, name] = store.save(f"{seed}-{name}", run_key(name, seed, steps, quick), row)
+                    shed(run_dir)
                     details["loadavg"].append(loadavg())
-                    details["wall_s"] = time.perf_counter() - t0
-                    # written after every run, so a bench cut short keeps what it measured
-                    doc = report("offpolicy", _summary(runs), details)
-    return doc
+                    write()  # after every run, so a bench cut short keeps what it measured
+        return write()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -38,6 +40,14 @@ def bench(
         None, min=1, help="offpolicy, drafting, drafting-eagle: training steps per run"
     ),
     seeds: int | None = typer.Option(None, min=1, help="offpolicy: seeds (warm starts) per config"),
+    work: Path | None = typer.Option(
+        None,
+        help="offpolicy, drafting-eagle: keep every run and its finished row in DIR; a rerun with "
+        "the same DIR reuses the rows made under the same settings and runs the rest",
+    ),
+    max_runs: int | None = typer.Option(
+        None, "--max-runs", min=1, help="offpolicy, drafting-eagle: stop after N new runs (with --work)"
+    ),
 ) -> None:
     """Run a benchmark: the feature and its baseline in one process, ratio on the last line."""
     # ``all`` leaves out a benchmark that another runs in full (``PART_OF``: drafting-eagle)
@@ -54,11 +64,14 @@ def bench(
         raise ConfigError(f"--model applies to engine and e2e only; {fixed} serve their own model")
     if ray_nodes != 1 and names != ["e2e"]:
         raise ConfigError("--ray-nodes applies to e2e only")
-    sizes = {k: v for k, v in {"steps": steps, "seeds": seeds}.items() if v is not None}
+    given = {"steps": steps, "seeds": seeds, "work": work, "max_runs": max_runs}
+    sizes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     for key in sizes:
         if any(key not in inspect.signature(m.main).parameters for m in modules):
             takes = [n for n in available() if key in _parameters(n)]
-            raise ConfigError(f"--{key} applies to {', '.join(takes)} only")
+            raise ConfigError(f"--{key.replace('_', '-')} applies to {', '.join(takes)} only")
+    if max_runs is not None and work is None:
+        raise ConfigError("--max-runs needs --work DIR: the runs it stops before are done by a later call")
     if ray_nodes != 1:
         sizes["ray_nodes"] = ray_nodes
     for m in modules:
