@@ -19,11 +19,7 @@ Each server's ``Census`` of open connections returns the memory of a surge once 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import ctypes.util
 import fcntl
-import functools
 import logging
 import struct
 import termios
@@ -31,6 +27,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from rollyard.core.heap import release_free_heap
 from rollyard.gateway.settings import GatewayLimits
 
 log = logging.getLogger(__name__)
@@ -50,22 +47,6 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
         return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
     except (OSError, ValueError):
         return 0
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    """The process's C library, looked up once (``find_library`` runs ``ldconfig``)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def _malloc_trim() -> None:
-    """Hand the C heap's free pages back to the system (glibc; nothing elsewhere)."""
-    with contextlib.suppress(AttributeError):
-        if (libc := _libc()) is not None:
-            libc.malloc_trim(0)
 
 
 class Census:
@@ -100,7 +81,7 @@ class Census:
         self._idle = None
         self.idle_trims += 1
         log.info("no connection for %.0f s: trimming the heap (idle trim %d)", IDLE_TRIM_S, self.idle_trims)
-        loop.run_in_executor(None, _malloc_trim)
+        loop.run_in_executor(None, release_free_heap)
 
     def _trim_now(self, loop: asyncio.AbstractEventLoop) -> None:
         log.info(
@@ -111,7 +92,7 @@ class Census:
         )
         self._trim, self.peak = None, self.open
         self.trims += 1
-        loop.run_in_executor(None, _malloc_trim)  # ctypes lets go of the GIL while it runs
+        loop.run_in_executor(None, release_free_heap)  # ctypes lets go of the GIL while it runs
 
 
 class GuardedProtocol(HttpToolsProtocol):
