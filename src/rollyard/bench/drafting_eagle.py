@@ -265,12 +265,13 @@ def eagle_rows(
     runs = details["runs"]
     with work_dir(work, "rollyard-bench-eagle-") as root:
         store = Rows(root if work is not None else None)
+        keys = {name: run_key(name, steps, quick) for name in RUNS}
         for name in RUNS:
             if name == "online" and work is not None and last_version(root / name) is None:
                 if (root / f"{name}.json").is_file():
                     log.warning("%s has no last version and head to serve: the run is redone", root / name)
                 continue
-            row = store.load(name, run_key(name, steps, quick))
+            row = store.load(name, keys[name])
             if row is not None:
                 runs[name] = row
         todo = [n for n in RUNS if n not in runs][:max_runs]
@@ -287,7 +288,7 @@ def eagle_rows(
             t = time.perf_counter()
             got = train_run(name, run_dir, model, demo_file, steps, quick)
             row = {"wall_s": time.perf_counter() - t, **summarize(got)}
-            runs[name] = store.save(name, run_key(name, steps, quick), row)
+            runs[name] = store.save(name, keys[name], row)
             shed(run_dir, weights=name != "online")  # decode serves the online run's last version
             write()
         if all(n in runs for n in RUNS):

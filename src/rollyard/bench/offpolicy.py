@@ -198,11 +198,11 @@ def main(
     with work_dir(work, "rollyard-bench-offpolicy-") as root:
         store = Rows(root if work is not None else None)
         got: dict[tuple[int, str], dict[str, Any]] = {}
-        for seed in range(seeds):
-            for name in CONFIGS:
-                row = store.load(f"{seed}-{name}", run_key(name, seed, steps, quick))
-                if row is not None:
-                    got[seed, name] = row
+        keys = {(s, n): run_key(n, s, steps, quick) for s in range(seeds) for n in CONFIGS}
+        for (seed, name), key in keys.items():
+            row = store.load(f"{seed}-{name}", key)
+            if row is not None:
+                got[seed, name] = row
         todo = [(s, n) for s in range(seeds) for n in CONFIGS if (s, n) not in got][:max_runs]
         store.announce("offpolicy", [f"{s}-{n}" for s, n in todo])
 
@@ -228,7 +228,7 @@ def main(
                     finally:
                         asyncio.run(_restore(url, warm))
                     row = {"seed": seed, "wall_s": time.perf_counter() - t, **summarize(rows)}
-                    got[seed, name] = store.save(f"{seed}-{name}", run_key(name, seed, steps, quick), row)
+                    got[seed, name] = store.save(f"{seed}-{name}", keys[seed, name], row)
                     shed(run_dir)
                     details["loadavg"].append(loadavg())
                     write()  # after every run, so a bench cut short keeps what it measured
