@@ -19,11 +19,11 @@ import ctypes
 import ctypes.util
 import functools
 
-__all__ = ["release_free_heap"]
+__all__ = ["libc", "release_free_heap"]
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
+def libc() -> ctypes.CDLL | None:
     """The process's C library, looked up once (``find_library`` runs ``ldconfig``)."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -35,6 +35,6 @@ def release_free_heap() -> bool:
     """Hand the C heap's free pages back to the system; False where the C library has no
     ``malloc_trim`` (musl, macOS) or nothing was given back."""
     with contextlib.suppress(AttributeError):
-        if (libc := _libc()) is not None:
-            return bool(libc.malloc_trim(0))
+        if (c := libc()) is not None:
+            return bool(c.malloc_trim(0))
     return False

@@ -37,10 +37,10 @@ inside the heap, stay with the process until then.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import logging
+
+from rollyard.core.heap import libc
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,8 @@ def tune_heap(*, freeze: bool) -> bool:
 
 
 def _tune_malloc() -> bool:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS): its own policy stays
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:  # no C library found, or not glibc (musl, macOS): its own policy stays
         return False
     ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     if not ok:
