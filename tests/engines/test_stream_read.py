@@ -96,3 +96,51 @@ def test_the_streams_ids_are_checked_against_its_final_usage_event() -> None:
     unreported = StreamCount()  # an engine that sends no usage: nothing to compare against
     event_deltas(_event([5]), 9, 2, count=unreported)
     unreported.check()
+
+
+_LOGPROB = st.one_of(st.floats(-50, 0), st.just(None), st.just(float("-inf")))
+
+
+@st.composite
+def _events(draw: st.DrawFn) -> bytes:
+    """A streamed event as vLLM may write it: ids as ``token_ids`` or as logprobs' tokens, a
+    null or ``-Infinity`` logprob, alternatives, a finish reason, a usage, fields it adds."""
+    ids = draw(st.lists(st.integers(0, 10**6), max_size=4))
+    lps = draw(st.lists(_LOGPROB, min_size=len(ids), max_size=len(ids)))
+    rows = [{f"token_id:{t}": -1.0, "token_id:3": -2.5} for t in ids]
+    logprobs = {"text_offset": list(range(len(ids))), "token_logprobs": lps, "top_logprobs": rows}
+    choice: dict[str, object] = {"index": 0, "text": "x", "stop_reason": None}
+    choice["finish_reason"] = draw(st.sampled_from([None, "stop", "length", "abort"]))
+    if draw(st.booleans()):
+        choice["token_ids"] = ids
+        choice["prompt_token_ids"] = [1, 2, 3]
+    else:
+        logprobs["tokens"] = [f"token_id:{t}" for t in ids]
+    choice["logprobs"] = logprobs
+    event: dict[str, object] = {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+    if draw(st.booleans()):
+        event["usage"] = {"prompt_tokens": 3, "completion_tokens": len(ids)}
+    text = json.dumps(event)  # -Infinity as vLLM writes it (Python's json does the same)
+    return text.encode()
+
+
+@given(_events(), st.sampled_from([0, 1, 2]))
+def test_the_typed_reader_reads_what_the_general_one_reads(payload: bytes, top: int) -> None:
+    from rollyard.engines.stream_read import _event_deltas
+
+    typed, general = StreamCount(), StreamCount()
+    assert event_deltas(payload, 9, 2, top, typed) == _event_deltas(payload, 9, 2, top, general)
+    assert (typed.ids, typed.usage) == (general.ids, general.usage)
+
+
+def test_a_typed_event_of_another_shape_is_read_by_the_general_reader() -> None:
+    odd = b'{"choices":[{"index":0,"token_ids":[5],"logprobs":{"token_logprobs":["-0.5"]}}]}'
+    (got,) = event_deltas(odd, 9, 2)  # a logprob as a string: the dicts' reader takes it
+    assert got.token_ids == [5] and got.logprobs == [-0.5]
+
+
+def test_an_event_as_vllm_streams_it_is_read_by_the_typed_reader() -> None:
+    from rollyard.engines.stream_read import _decode_event
+
+    event = _decode_event(_event([5, 6], "stop"))  # raises if the types no longer take it
+    assert event.choices is not None and event.choices[0].finish_reason == "stop"

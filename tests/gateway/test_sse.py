@@ -122,7 +122,7 @@ async def test_a_client_that_disconnects_ends_the_stream_and_closes_its_frames()
         if len(sent) == 3:
             left.set()
 
-    await asyncio.wait_for(SSEResponse(frames(), media_type="text/event-stream")(_SCOPE, receive, send), 5)
+    await asyncio.wait_for(SSEResponse(frames())(_SCOPE, receive, send), 5)
     assert closed.is_set()  # the frames' generator was closed where it waited
     assert sent[0]["type"] == "http.response.start" and 3 <= len(sent) <= 4
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
@@ -139,7 +139,7 @@ async def test_a_whole_stream_is_sent_in_order_and_leaves_no_watcher() -> None:
         sent.append(message)
 
     before = len(asyncio.all_tasks())
-    await SSEResponse(frames(), media_type="text/event-stream")(_SCOPE, _never, send)
+    await SSEResponse(frames())(_SCOPE, _never, send)
     await asyncio.sleep(0)
     assert [m.get("body") for m in sent[1:]] == [b"a", b"b", b"c", b""]
     assert len(asyncio.all_tasks()) == before

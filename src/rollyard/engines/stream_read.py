@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollyard.core.assemble import assemble
+import msgspec
+
+from rollyard.core.errors import EngineError
 from rollyard.core.trajectory import FinishReason
 from rollyard.engines.base import CompletionDelta, TopLogprobs
-from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, token_logprobs, top_logprobs
+from rollyard.engines.vllm_choice import (
+    check_count,
+    finish,
+    ids_of_tokens,
+    loads,
+    logprob_values,
+    token_ids,
+    token_logprobs,
+    top_logprobs,
+    top_of_rows,
+)
 
 __all__ = ["SSEPayloads", "StreamCount", "event_deltas", "merge_deltas"]
 
@@ -30,6 +42,8 @@ class SSEPayloads:
     def feed(self, chunk: bytes) -> list[bytes]:
         """Payloads of the lines ``chunk`` completes; b"" (the end of the body) flushes the rest.
         Bytes, as the JSON parser takes them (a multi-byte character never holds a b"\n")."""
+        if not self._tail and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and chunk.count(b"\n") == 2:
+            return [chunk[6:-2].strip()]  # one whole event, as an engine that keeps up sends it
         if chunk:
             *lines, self._tail = (self._tail + chunk).split(b"\n")
         else:
@@ -55,16 +69,74 @@ class StreamCount:
         check_count(self.ids, self.usage)
 
 
+class _Logprobs(msgspec.Struct):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] | None = None
+
+
+class _Choice(msgspec.Struct):
+    logprobs: _Logprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class _Event(msgspec.Struct):
+    """What the gateway reads of a streamed event, typed: every other field (the prompt's echo
+    included) is skipped by the parser, not built."""
+
+    choices: list[_Choice] | None = None
+    usage: dict[str, Any] | None = None
+
+
+_decode_event = msgspec.json.Decoder(_Event).decode
+
+
 def event_deltas(
     payload: bytes, prompt_tokens: int, version: int, top: int = 0, count: StreamCount | None = None
 ) -> list[CompletionDelta]:
     """The deltas of one streamed event (a choice with no ids and no finish reason is none).
 
-    Built with ``assemble``: every value is typed here as it is read (``int``, ``float``,
-    ``FinishReason``), so pydantic does not validate it a second time (~1 us a token; the
-    events themselves cost the gateway ~240 us each, see ``rollyard bench gateway``). Raises
-    what the reading raises (``ValueError``, ``KeyError``, ``TypeError``, ``AttributeError``,
-    ``EngineError``) for the caller to name the engine."""
+    Read by a typed decoder (``_Event``) that builds the ids and logprobs straight from the
+    bytes; an event the types do not take (a ``-Infinity`` or null logprob, a field of another
+    type) is read by the general path (``_event_deltas``), which accepts and checks what it
+    always did. With the delta a dataclass, an event costs ~2.4 us here against ~6.2 for
+    parsing it into dicts and assembling a model (one token's event, this machine, quiet).
+    Raises what the reading raises (``ValueError``, ``KeyError``, ``TypeError``,
+    ``AttributeError``, ``EngineError``) for the caller to name the engine."""
+    try:
+        event = _decode_event(payload)
+    except msgspec.MsgspecError:
+        return _event_deltas(payload, prompt_tokens, version, top, count)
+    out = []
+    if count is not None and event.usage is not None:
+        count.usage = event.usage
+    for choice in event.choices or ():
+        lp = choice.logprobs
+        if choice.token_ids is not None:
+            ids = choice.token_ids
+        elif lp is not None:
+            ids = ids_of_tokens(lp.tokens)
+        else:
+            raise EngineError(f"engine answered a choice with neither token_ids nor logprobs: {choice}")
+        if count is not None:
+            count.ids += len(ids)
+        reason = choice.finish_reason
+        if not ids and reason is None:
+            continue
+        n = len(ids)
+        lps = logprob_values(lp.token_logprobs if lp is not None else [], n)
+        alts = top_of_rows((lp.top_logprobs if lp is not None else None) or [], n, top) if top else None
+        out.append(
+            _delta(ids, lps, finish(reason) if reason is not None else None, prompt_tokens, version, alts)
+        )
+    return out
+
+
+def _event_deltas(
+    payload: bytes, prompt_tokens: int, version: int, top: int, count: StreamCount | None
+) -> list[CompletionDelta]:
+    """``event_deltas`` for any event the engine may send, read as dicts."""
     out = []
     event = loads(payload)
     if count is not None and event.get("usage") is not None:
@@ -97,15 +169,7 @@ def _delta(
     version: int,
     top: TopLogprobs | None,
 ) -> CompletionDelta:
-    values = {
-        "token_ids": ids,
-        "logprobs": lps,
-        "finish_reason": reason,
-        "prompt_tokens": prompt_tokens,
-        "policy_version": version,
-        "top_logprobs": top,
-    }
-    return assemble(CompletionDelta, values)
+    return CompletionDelta(ids, lps, reason, prompt_tokens, version, top)
 
 
 def merge_deltas(deltas: list[CompletionDelta]) -> CompletionDelta:

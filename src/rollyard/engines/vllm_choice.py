@@ -11,7 +11,17 @@ import pydantic_core
 from rollyard.core.errors import EngineError
 from rollyard.core.trajectory import FinishReason
 
-__all__ = ["check_count", "finish", "loads", "token_ids", "token_logprobs", "top_logprobs"]
+__all__ = [
+    "check_count",
+    "finish",
+    "ids_of_tokens",
+    "loads",
+    "logprob_values",
+    "token_ids",
+    "token_logprobs",
+    "top_logprobs",
+    "top_of_rows",
+]
 
 
 _PROMPT_ECHO = b'"prompt_token_ids":'
@@ -73,7 +83,12 @@ def token_ids(choice: dict[str, Any]) -> list[int]:
     if logprobs is None:
         shown = str(choice)[:200]
         raise EngineError(f"engine answered a choice with neither token_ids nor logprobs: {shown}")
-    tokens = logprobs.get("tokens") or []
+    return ids_of_tokens(logprobs.get("tokens") or [])
+
+
+def ids_of_tokens(tokens: list[str]) -> list[int]:
+    """The ids of logprobs' tokens as ``return_tokens_as_token_ids`` writes them, ``"token_id:N"``
+    with N in ASCII digits (``EngineError`` for any other)."""
     if not tokens:
         return []
     if len(tokens) == 1:  # a streamed event's one token: the same checks, without the joins
@@ -113,8 +128,11 @@ def _logprob(entry: Any) -> float:
 
 def token_logprobs(choice: dict[str, Any], n: int) -> list[float]:
     """The sampled tokens' logprobs, one per id (``n``)."""
-    lp = choice.get("logprobs") or {}
-    raw = lp.get("token_logprobs") or []
+    return logprob_values((choice.get("logprobs") or {}).get("token_logprobs") or [], n)
+
+
+def logprob_values(raw: list[Any], n: int) -> list[float]:
+    """``raw`` (the engine's ``token_logprobs``) as finite floats, one per id (``n``)."""
     try:  # the usual answer, all finite numbers, without a call per token
         values = [float(x) for x in raw]
         finite = math.isfinite(sum(values))  # an inf or nan anywhere makes the sum one
@@ -132,7 +150,11 @@ def top_logprobs(choice: dict[str, Any], n: int, k: int) -> list[list[tuple[int,
     (which also hold the sampled token, so may have k + 1 entries); None when none were asked."""
     if not k:
         return None
-    rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
+    return top_of_rows((choice.get("logprobs") or {}).get("top_logprobs") or [], n, k)
+
+
+def top_of_rows(rows: list[Any], n: int, k: int) -> list[list[tuple[int, float]]]:
+    """The ``k`` likeliest (id, logprob) of each of the ``n`` rows of vLLM's ``top_logprobs``."""
     if len(rows) != n:
         raise EngineError(f"engine returned {n} token ids but {len(rows)} top_logprobs rows")
     out = []

@@ -97,35 +97,59 @@ def _encode(data: Any, parts: list[str]) -> None:
 
 def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> StreamingResponse:
     """Stream frames; an error after the headers went out becomes one error event."""
-
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for f in frames:
-                yield f
-        except RollyardError as e:
-            log.info("stream failed path=%s code=%s", path, e.code)
-            yield event(error_body(path, e.http_status, e.message, e.code), "error" if named_errors else None)
-        except Exception:
-            log.exception("stream failed path=%s", path)
-            yield event(
-                error_body(path, 500, "internal gateway error", "internal_error"),
-                "error" if named_errors else None,
-            )
-
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return SSEResponse(body(), media_type="text/event-stream", headers=headers)
+    return SSEResponse(frames, path, named_errors, headers)
 
 
 class SSEResponse(StreamingResponse):
-    """A stream that stops when its client disconnects, watched by one asyncio task.
+    """A stream of server-sent events: an error raised while making the frames becomes one
+    error event (``path``'s error body, an ``error`` event where ``named_errors``), and the
+    stream stops when its client disconnects, watched by one asyncio task.
 
-    Why: under an ASGI server that does not fail a send to a closed connection (spec_version
+    The error is caught here, around each frame's making, not in a generator wrapped around
+    the frames: that was one layer more for every streamed token to pass, both ways.
+
+    Why the watch: under an ASGI server that does not fail a send to a closed connection (spec_version
     below 2.4, uvicorn's), Starlette watches for the disconnect in an anyio task group with a
     cancel scope: ~55 us per streamed request here against ~5 for one plain task (measured,
     uvloop, 3,000 rounds), a part of a short stream's cost the bare relay does not have. The
     same outcome: on a disconnect the stream is cancelled where it waits (its generators are
     closed, the engine request with them) and the response ends quietly; a cancellation from
     elsewhere (server shutdown) goes on up."""
+
+    def __init__(
+        self,
+        frames: AsyncIterator[str],
+        path: str = "",
+        named_errors: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(frames, media_type="text/event-stream", headers=headers)
+        self.path, self.named_errors = path, named_errors
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        frames = aiter(self.body_iterator)
+        while True:
+            try:
+                frame = await anext(frames)
+            except StopAsyncIteration:
+                break
+            except RollyardError as e:
+                log.info("stream failed path=%s code=%s", self.path, e.code)
+                frame = self._error(e.http_status, e.message, e.code)
+            except Exception:
+                log.exception("stream failed path=%s", self.path)
+                frame = self._error(500, "internal gateway error", "internal_error")
+            else:
+                await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+                continue
+            await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
+            break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _error(self, status: int, message: str, code: str) -> str:
+        return event(error_body(self.path, status, message, code), "error" if self.named_errors else None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         version = tuple(map(int, scope.get("asgi", {}).get("spec_version", "2.0").split(".")))
