@@ -4,13 +4,18 @@ at every delta released (the oracle below), for any ids in any chunking."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rollyard.core.errors import EngineUnavailable
+from rollyard.core.trajectory import FinishReason
+from rollyard.engines.base import CompletionDelta
 from rollyard.engines.chat_template import THINK_OPEN, TOOL_CALL_OPEN
-from rollyard.gateway.streaming import TextStreamer, _partial_marker
+from rollyard.gateway.streaming import StreamedText, TextStreamer, _partial_marker
 from rollyard.gateway.tokenizer import FastTokenizer
 
 
@@ -119,3 +124,61 @@ def test_a_long_answer_decodes_each_token_a_bounded_number_of_times(tiny_model_d
         s.feed([i])
     assert s.sent == real(ids)
     assert decoded <= 6 * len(ids), decoded
+
+
+class _Stream:
+    """An engine's deltas, then (maybe) its error; records whether it was closed."""
+
+    def __init__(self, deltas: list[CompletionDelta], error: Exception | None = None) -> None:
+        self.deltas, self.error, self.closed = deltas, error, False
+
+    async def gen(self) -> AsyncIterator[CompletionDelta]:
+        try:
+            for d in self.deltas:
+                yield d
+            if self.error is not None:
+                raise self.error
+        finally:
+            self.closed = True
+
+
+def _deltas(tok: FastTokenizer, text: str) -> list[CompletionDelta]:
+    ids = tok.encode(text)
+    return [CompletionDelta(token_ids=[t], logprobs=[-0.5]) for t in ids[:-1]] + [
+        CompletionDelta(
+            token_ids=ids[-1:], logprobs=[-0.5], finish_reason=FinishReason.STOP, policy_version=3
+        )
+    ]
+
+
+async def test_streamed_text_reads_the_pieces_then_the_whole_completion(tok: FastTokenizer) -> None:
+    stream = _Stream(_deltas(tok, "hello there, friend"))
+    streamed = StreamedText(stream.gen(), TextStreamer(tok), 7, "e0", top=False)
+    pieces = [p async for p in streamed]
+    got = await streamed.result()
+    assert "".join(pieces) == "hello there, friend"
+    assert got.token_ids == tok.encode("hello there, friend") and got.prompt_tokens == 7
+    assert (got.finish_reason, got.policy_version, got.engine) == (FinishReason.STOP, 3, "e0")
+
+
+async def test_an_engine_error_ends_the_pieces_and_is_raised_by_the_result(tok: FastTokenizer) -> None:
+    stream = _Stream(_deltas(tok, "hello there")[:1], EngineUnavailable("engine dropped the stream"))
+    streamed = StreamedText(stream.gen(), TextStreamer(tok), 7, "e0", top=False)
+    assert [p async for p in streamed]  # the piece before the error, then the end
+    with pytest.raises(EngineUnavailable, match="dropped"):
+        await streamed.result()
+
+
+async def test_a_reader_that_stops_early_leaves_the_rest_to_the_result_or_to_aclose(
+    tok: FastTokenizer,
+) -> None:
+    stream = _Stream(_deltas(tok, "hello there, friend"))
+    streamed = StreamedText(stream.gen(), TextStreamer(tok), 7, "e0", top=False)
+    await anext(streamed)
+    assert (await streamed.result()).token_ids == tok.encode("hello there, friend")  # read to the end
+    left = _Stream(_deltas(tok, "hello there, friend"))
+    open_one = StreamedText(left.gen(), TextStreamer(tok), 7, "e0", top=False)
+    await anext(open_one)
+    assert not left.closed
+    await open_one.aclose()  # the engine's stream closed, not left to the garbage collector
+    assert left.closed

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,11 +83,12 @@ async def run_divided(
         size = min(chunk_tokens, left)
         part: Generated | None = None
         chunk_params = params.model_copy(update={"max_tokens": size})
-        async for item in call(prompt_ids + ids, chunk_params, len(parts), len(ids), left - size):
-            if isinstance(item, Generated):
-                part = item
-            else:
-                yield item
+        async with aclosing(call(prompt_ids + ids, chunk_params, len(parts), len(ids), left - size)) as items:
+            async for item in items:
+                if isinstance(item, Generated):
+                    part = item
+                else:
+                    yield item
         assert part is not None
         parts.append(part)
         ids += part.completion.token_ids

@@ -26,8 +26,8 @@ from rollyard.gateway.bodies.anthropic import (
 from rollyard.gateway.bodies.anthropic import Tool as AnthropicTool
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.model_route import ModelRoute
-from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
+from rollyard.gateway.streaming import StreamedText
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
 router = APIRouter(route_class=ModelRoute)
@@ -178,7 +178,7 @@ def to_body(r: ChatResult) -> dict[str, Any]:
 
 
 async def _frames(
-    items: AsyncIterator[TextDelta | ChatResult], model: str, prompt_tokens: int
+    items: AsyncIterator[StreamedText | ChatResult], model: str, prompt_tokens: int
 ) -> AsyncIterator[str]:
     msg = {
         "id": wire_id("msg_"),
@@ -195,22 +195,23 @@ async def _frames(
     sent = ""
     index = 0
     async for item in items:
-        if isinstance(item, TextDelta):
-            if text is None:
-                block = {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {"type": "text", "text": ""},
-                }
-                yield event(block, "content_block_start")
-                delta = {
-                    "type": "content_block_delta",
-                    "index": index,
-                    "delta": {"type": "text_delta", "text": SLOT},
-                }
-                text = Frame(delta, "content_block_delta")
-            sent += item.text
-            yield text.fill(item.text)
+        if isinstance(item, StreamedText):
+            async for piece in item:
+                if text is None:
+                    block = {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "text", "text": ""},
+                    }
+                    yield event(block, "content_block_start")
+                    delta = {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "text_delta", "text": SLOT},
+                    }
+                    text = Frame(delta, "content_block_delta")
+                sent += piece
+                yield text.fill(piece)
             continue
         r = item
         blocks = _content(r)
@@ -262,7 +263,7 @@ async def messages(body: MessagesBody, request: Request, program: Program = Depe
     model = req.model or gw.model_name
     prompt_tokens = await gw.count_tokens(program, req)
     items = await primed(gw.chat_stream(program, req))
-    return sse_response(request.url.path, _frames(items, model, prompt_tokens), True)
+    return sse_response(request.url.path, _frames(items, model, prompt_tokens), True, items)
 
 
 @router.post("/messages/count_tokens")

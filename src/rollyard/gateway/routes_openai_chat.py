@@ -21,8 +21,8 @@ from rollyard.gateway.bodies.openai_chat import (
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.model_route import ModelRoute
-from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
+from rollyard.gateway.streaming import StreamedText
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool, ToolCall
 
@@ -143,7 +143,7 @@ def to_body(r: ChatResult, logprobs: Tokenizer | None = None) -> dict[str, Any]:
 
 
 async def _frames(
-    items: AsyncIterator[TextDelta | ChatResult],
+    items: AsyncIterator[StreamedText | ChatResult],
     model: str,
     include_usage: bool,
     logprobs: Tokenizer | None = None,
@@ -166,10 +166,11 @@ async def _frames(
     text = Frame(chunk({"content": SLOT}))
     sent = ""
     async for item in items:
-        if isinstance(item, TextDelta):
-            sent += item.text
-            yield role + text.fill(item.text) if role else text.fill(item.text)
-            role = ""
+        if isinstance(item, StreamedText):
+            async for piece in item:
+                sent += piece
+                yield role + text.fill(piece) if role else text.fill(piece)
+                role = ""
             continue
         r = item
         end = [role]
@@ -207,4 +208,4 @@ async def chat_completions(
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     items = await primed(gw.chat_stream(program, req))
     frames = _frames(items, req.model or gw.model_name, include_usage, tok)
-    return sse_response(request.url.path, frames, False)
+    return sse_response(request.url.path, frames, False, items)

@@ -31,8 +31,8 @@ from rollyard.gateway.bodies.responses import (
 from rollyard.gateway.edge import FastJSONResponse, caller, gateway, text_of, tool_call
 from rollyard.gateway.logprobs import token_logprobs
 from rollyard.gateway.model_route import ModelRoute
-from rollyard.gateway.service import TextDelta
 from rollyard.gateway.sse import SLOT, Frame, event, primed, sse_response
+from rollyard.gateway.streaming import StreamedText
 from rollyard.gateway.tokenizer import Tokenizer
 from rollyard.gateway.types import ChatRequest, ChatResult, Message, Tool
 
@@ -192,7 +192,7 @@ def _response(
 
 
 async def _frames(
-    items: AsyncIterator[TextDelta | ChatResult], req: ChatRequest, model: str, tok: Tokenizer | None
+    items: AsyncIterator[StreamedText | ChatResult], req: ChatRequest, model: str, tok: Tokenizer | None
 ) -> AsyncIterator[str]:
     seq = 0
     created = int(time.time())
@@ -216,23 +216,28 @@ async def _frames(
         return text.fill(seq - 1, piece)
 
     async for item in items:
-        if isinstance(item, TextDelta):
-            if not text_open:
-                text_open = True
-                empty = {
-                    "type": "message",
-                    "id": msg_id,
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                yield ev("response.output_item.added", output_index=0, item=empty)
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                yield ev(
-                    "response.content_part.added", item_id=msg_id, output_index=0, content_index=0, part=part
-                )
-            sent += item.text
-            yield text_delta(item.text)
+        if isinstance(item, StreamedText):
+            async for piece in item:
+                if not text_open:
+                    text_open = True
+                    empty = {
+                        "type": "message",
+                        "id": msg_id,
+                        "status": "in_progress",
+                        "role": "assistant",
+                        "content": [],
+                    }
+                    yield ev("response.output_item.added", output_index=0, item=empty)
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    yield ev(
+                        "response.content_part.added",
+                        item_id=msg_id,
+                        output_index=0,
+                        content_index=0,
+                        part=part,
+                    )
+                sent += piece
+                yield text_delta(piece)
             continue
         r = item
         final = _response(r, rid, model, req, created, tok)
@@ -345,4 +350,5 @@ async def responses(body: ResponsesBody, request: Request, program: Program = De
         return FastJSONResponse(answer, headers=r.timing_headers())
     req.response_id = wire_id("resp_")
     items = await primed(gw.chat_stream(program, req))
-    return sse_response(request.url.path, _frames(items, req, req.model or gw.model_name, tok), False)
+    frames = _frames(items, req, req.model or gw.model_name, tok)
+    return sse_response(request.url.path, frames, False, items)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from contextlib import aclosing
 from typing import Any
 
 from rollyard.core.clock import Clock
@@ -29,17 +29,12 @@ from rollyard.gateway.programs import ProgramTable
 from rollyard.gateway.recorder import SqliteJournal
 from rollyard.gateway.renderer import ConversationState, Renderer, RenderPlan
 from rollyard.gateway.sampling import context_limit, sampling_for
-from rollyard.gateway.streaming import TextStreamer, stream_completion
+from rollyard.gateway.streaming import StreamedText, TextStreamer
 from rollyard.gateway.turn_record import build_turn
 from rollyard.gateway.types import ChatRequest, ChatResult, Message
 from rollyard.sched import Pause, Restore, Start
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TextDelta:
-    text: str
 
 
 class Gateway:
@@ -134,14 +129,15 @@ class Gateway:
         result: ChatResult | None = None
         async for item in self.chat_stream(program, request):
             if isinstance(item, ChatResult):
-                result = item
+                result = item  # (a streamed request's text, unread, is read by the turn itself)
         assert result is not None
         return result
 
     async def chat_stream(
         self, program: Program, request: ChatRequest
-    ) -> AsyncIterator[TextDelta | ChatResult]:
-        """Text deltas while generating (when ``request.stream``), then the recorded result."""
+    ) -> AsyncIterator[StreamedText | ChatResult]:
+        """The text while generating (when ``request.stream``: one ``StreamedText`` per engine
+        call, each to be read before the next item is asked for), then the recorded result."""
         self.programs.require_active(program)
         self.check_model(request)
         if not request.messages:
@@ -152,8 +148,9 @@ class Gateway:
             async with self._locks.setdefault(program.id, asyncio.Lock()):
                 self.programs.require_active(program)  # finished while this request waited its turn
                 plan = await self.renderer.arender(request, self.conversations.get(program.id))
-                async for item in self._run(program, request, plan, entered):
-                    yield item
+                async with aclosing(self._run(program, request, plan, entered)) as items:
+                    async for item in items:
+                        yield item
         finally:
             self._after_turn(program)
 
@@ -208,7 +205,7 @@ class Gateway:
 
     async def _run(
         self, program: Program, request: ChatRequest, plan: RenderPlan, entered: float
-    ) -> AsyncIterator[TextDelta | ChatResult]:
+    ) -> AsyncIterator[StreamedText | ChatResult]:
         """Schedule, generate (in one piece, or in chunks under divided rollout), record once."""
         submitted = self.clock.now()
         params = sampling_for(
@@ -232,11 +229,12 @@ class Gateway:
         else:
             items = call(plan.prompt_ids, params, 0, 0, 0)
         gen: Generated | None = None
-        async for item in items:
-            if isinstance(item, Generated):
-                gen = item
-            else:
-                yield item
+        async with aclosing(items):  # closed with this turn: its engine call's accounting
+            async for item in items:
+                if isinstance(item, Generated):
+                    gen = item
+                else:
+                    yield item
         assert gen is not None
         if gen.dispatch.priority is not None:  # the policy ranked it (seer: 0 = probe or starved)
             gen.notes["priority"] = gen.dispatch.priority
@@ -257,7 +255,7 @@ class Gateway:
         chunk: int = 0,
         before: int = 0,
         left_after: int = 0,
-    ) -> AsyncIterator[TextDelta | Generated]:
+    ) -> AsyncIterator[StreamedText | Generated]:
         """One engine call, retried once when its connection fails before any of its text
         reached the caller (tokens still held back, e.g. a partial character, are dropped).
 
@@ -282,11 +280,14 @@ class Gateway:
                 backend = self.pool.backends[dispatch.engine]
                 if request.stream:
                     completion = None
-                    async for piece in stream_completion(backend, prompt_ids, params, streamer):
-                        if isinstance(piece, Completion):
-                            completion = piece
-                        elif piece:
-                            yield TextDelta(piece)
+                    deltas = backend.stream(prompt_ids, params)
+                    top = bool(params.top_logprobs)
+                    streamed = StreamedText(deltas, streamer, len(prompt_ids), backend.name, top)
+                    try:
+                        yield streamed  # read by the response's frames, piece by piece
+                        completion = await streamed.result()  # the call's error raised here
+                    finally:
+                        await streamed.aclose()
                 else:
                     completion = await backend.generate(prompt_ids, params)
                 break

@@ -68,6 +68,8 @@ class Frame:
         if len(values) != self._slots:
             raise ValueError(f"this frame has {self._slots} slots, got {len(values)} values")
         parts = self._parts
+        if len(parts) == 2:  # one slot, a streamed token's text: no list to build and join
+            return parts[0] + _dumps(values[0]) + parts[1]
         out = [parts[0]]
         for value, part in zip(values, parts[1:], strict=True):
             out += (_dumps(value), part)
@@ -95,10 +97,14 @@ def _encode(data: Any, parts: list[str]) -> None:
         parts[-1] += _dumps(data)
 
 
-def sse_response(path: str, frames: AsyncIterator[str], named_errors: bool) -> StreamingResponse:
-    """Stream frames; an error after the headers went out becomes one error event."""
+def sse_response(
+    path: str, frames: AsyncIterator[str], named_errors: bool, items: Any = None
+) -> StreamingResponse:
+    """Stream frames; an error after the headers went out becomes one error event. ``items``:
+    what the frames are made from, closed once the stream ends however it ends (see
+    ``SSEResponse``)."""
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return SSEResponse(frames, path, named_errors, headers)
+    return SSEResponse(frames, path, named_errors, headers, items)
 
 
 class SSEResponse(StreamingResponse):
@@ -123,11 +129,23 @@ class SSEResponse(StreamingResponse):
         path: str = "",
         named_errors: bool = False,
         headers: dict[str, str] | None = None,
+        items: Any = None,
     ) -> None:
         super().__init__(frames, media_type="text/event-stream", headers=headers)
-        self.path, self.named_errors = path, named_errors
+        self.path, self.named_errors, self._items = path, named_errors, items
 
     async def stream_response(self, send: Send) -> None:
+        """The frames, then the items they were made from closed: a turn's generators yield its
+        text as one object the frames read (``gateway.streaming.StreamedText``), so a client that
+        leaves mid-stream cancels the frames where they read it, not the turn, which is closed
+        here (its engine call's accounting, its program's lock) before the cancel goes on."""
+        try:
+            await self._frames(send)
+        finally:
+            if self._items is not None:
+                await self._items.aclose()
+
+    async def _frames(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         frames = aiter(self.body_iterator)
         while True:
@@ -205,6 +223,11 @@ class _Primed:
         if self._first:
             return _ready(self._first.pop())
         return self._it.__anext__()
+
+    async def aclose(self) -> None:
+        close = getattr(self._it, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def _ready(value: Any) -> Any:

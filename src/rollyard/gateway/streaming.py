@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from rollyard.core.sampling import SamplingParams
 from rollyard.core.trajectory import FinishReason
-from rollyard.engines.base import Backend, Completion
+from rollyard.engines.base import Completion, CompletionDelta
 from rollyard.engines.chat_template import THINK_OPEN, TOOL_CALL_OPEN
 from rollyard.gateway.tokenizer import Tokenizer
 
@@ -147,31 +146,81 @@ class TextStreamer:
         return final_content[len(self.sent) :] if final_content.startswith(self.sent) else ""
 
 
-async def stream_completion(
-    backend: Backend, prompt_ids: list[int], params: SamplingParams, streamer: TextStreamer
-) -> AsyncIterator[str | Completion]:
-    """The engine's streamed deltas as releasable text pieces, then the whole ``Completion``
-    (ids, logprobs, finish reason) the turn is recorded from."""
-    ids: list[int] = []
-    lps: list[float] = []
-    top: list[list[tuple[int, float]]] | None = [] if params.top_logprobs else None
-    finish = FinishReason.ABORT
-    prompt_tokens, version = len(prompt_ids), 0
-    async for d in backend.stream(prompt_ids, params):
-        ids += d.token_ids
-        lps += d.logprobs
-        if top is not None:
-            top += d.top_logprobs or [[] for _ in d.token_ids]
-        version = d.policy_version or version
-        if d.finish_reason is not None:
-            finish = d.finish_reason
-        yield streamer.feed(d.token_ids)
-    yield Completion(
-        token_ids=ids,
-        logprobs=lps,
-        finish_reason=finish,
-        prompt_tokens=prompt_tokens,
-        policy_version=version,
-        engine=backend.name,
-        top_logprobs=top,
-    )
+class StreamedText:
+    """One streamed engine call's releasable text pieces, iterated by the response's frames
+    directly; then the whole ``Completion`` (ids, logprobs, finish reason) the turn is recorded
+    from (``result``).
+
+    Why an object and not a generator of pieces passed up: the turn's generators
+    (``Gateway._generate`` and the three around it) yield it once, instead of each passing on
+    every piece, both ways, for every streamed token. An error of the engine call ends the
+    iteration and is kept, for ``result`` to raise in ``_generate``'s own frame, where its retry
+    and its accounting are, as when the pieces passed through it."""
+
+    def __init__(
+        self,
+        deltas: AsyncIterator[CompletionDelta],
+        streamer: TextStreamer,
+        prompt_tokens: int,
+        engine: str,
+        top: bool,
+    ) -> None:
+        self._deltas = deltas
+        self._streamer = streamer
+        self._prompt_tokens, self._engine = prompt_tokens, engine
+        self._ids: list[int] = []
+        self._lps: list[float] = []
+        self._top: list[list[tuple[int, float]]] | None = [] if top else None
+        self._finish = FinishReason.ABORT
+        self._version = 0
+        self._done = False
+        self._error: BaseException | None = None
+
+    def __aiter__(self) -> StreamedText:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        while True:
+            try:
+                d = await self._deltas.__anext__()
+            except StopAsyncIteration:
+                self._done = True
+                raise
+            except Exception as e:  # the engine call's: ``result`` raises it where it is handled
+                self._done, self._error = True, e
+                raise StopAsyncIteration from None
+            self._ids += d.token_ids
+            self._lps += d.logprobs
+            if self._top is not None:
+                self._top += d.top_logprobs or [[] for _ in d.token_ids]
+            self._version = d.policy_version or self._version
+            if d.finish_reason is not None:
+                self._finish = d.finish_reason
+            piece = self._streamer.feed(d.token_ids)
+            if piece:
+                return piece
+
+    async def result(self) -> Completion:
+        """The whole completion once the stream has ended (what the frames did not read is read
+        here); the engine call's error, raised."""
+        async for _ in self:
+            pass
+        if self._error is not None:
+            raise self._error
+        return Completion(
+            token_ids=self._ids,
+            logprobs=self._lps,
+            finish_reason=self._finish,
+            prompt_tokens=self._prompt_tokens,
+            policy_version=self._version,
+            engine=self._engine,
+            top_logprobs=self._top,
+        )
+
+    async def aclose(self) -> None:
+        """Close the engine's stream if it was left open (a reader that stopped early)."""
+        close = getattr(self._deltas, "aclose", None)
+        if close is not None:
+            await close()
