@@ -15,8 +15,7 @@ from typing import Any
 import msgspec
 
 from rollyard.core.errors import EngineError
-from rollyard.core.trajectory import FinishReason
-from rollyard.engines.base import CompletionDelta, TopLogprobs
+from rollyard.engines.base import CompletionDelta
 from rollyard.engines.vllm_choice import (
     check_count,
     finish,
@@ -24,8 +23,6 @@ from rollyard.engines.vllm_choice import (
     loads,
     logprob_values,
     token_ids,
-    token_logprobs,
-    top_logprobs,
     top_of_rows,
 )
 
@@ -119,17 +116,10 @@ def event_deltas(
             ids = ids_of_tokens(lp.tokens)
         else:
             raise EngineError(f"engine answered a choice with neither token_ids nor logprobs: {choice}")
-        if count is not None:
-            count.ids += len(ids)
-        reason = choice.finish_reason
-        if not ids and reason is None:
-            continue
-        n = len(ids)
-        lps = logprob_values(lp.token_logprobs if lp is not None else [], n)
-        alts = top_of_rows((lp.top_logprobs if lp is not None else None) or [], n, top) if top else None
-        out.append(
-            _delta(ids, lps, finish(reason) if reason is not None else None, prompt_tokens, version, alts)
-        )
+        lps, rows = (lp.token_logprobs, lp.top_logprobs) if lp is not None else (None, None)
+        d = _choice_delta(ids, lps, rows, choice.finish_reason, prompt_tokens, version, top, count)
+        if d is not None:
+            out.append(d)
     return out
 
 
@@ -143,33 +133,36 @@ def _event_deltas(
         count.usage = event["usage"]
     for choice in event.get("choices") or []:
         ids = token_ids(choice)
-        if count is not None:
-            count.ids += len(ids)
+        lp = choice.get("logprobs") or {}
         reason = choice.get("finish_reason")
-        if not ids and reason is None:
-            continue
-        out.append(
-            _delta(
-                ids,
-                token_logprobs(choice, len(ids)),
-                finish(reason) if reason is not None else None,
-                prompt_tokens,
-                version,
-                top_logprobs(choice, len(ids), top),
-            )
+        d = _choice_delta(
+            ids, lp.get("token_logprobs"), lp.get("top_logprobs"), reason, prompt_tokens, version, top, count
         )
+        if d is not None:
+            out.append(d)
     return out
 
 
-def _delta(
+def _choice_delta(
     ids: list[int],
-    lps: list[float],
-    reason: FinishReason | None,
+    lps: list[Any] | None,
+    rows: list[Any] | None,
+    reason: str | None,
     prompt_tokens: int,
     version: int,
-    top: TopLogprobs | None,
-) -> CompletionDelta:
-    return CompletionDelta(ids, lps, reason, prompt_tokens, version, top)
+    top: int,
+    count: StreamCount | None,
+) -> CompletionDelta | None:
+    """One choice's delta from what either reader read of it (its ids counted); None for a
+    choice with no ids and no finish reason."""
+    if count is not None:
+        count.ids += len(ids)
+    if not ids and reason is None:
+        return None
+    n = len(ids)
+    alts = top_of_rows(rows or [], n, top) if top else None
+    done = finish(reason) if reason is not None else None
+    return CompletionDelta(ids, logprob_values(lps or [], n), done, prompt_tokens, version, alts)
 
 
 def merge_deltas(deltas: list[CompletionDelta]) -> CompletionDelta:
@@ -182,7 +175,7 @@ def merge_deltas(deltas: list[CompletionDelta]) -> CompletionDelta:
     if any(t is not None for t in tops):
         top = [alts for d, t in zip(deltas, tops, strict=True) for alts in (t or [[] for _ in d.token_ids])]
     reasons = [d.finish_reason for d in deltas if d.finish_reason is not None]
-    return _delta(
+    return CompletionDelta(
         [t for d in deltas for t in d.token_ids],
         [lp for d in deltas for lp in d.logprobs],
         reasons[-1] if reasons else None,
