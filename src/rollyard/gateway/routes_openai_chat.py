@@ -169,7 +169,7 @@ async def _frames(
         if isinstance(item, StreamedText):
             async for piece in item:
                 sent += piece
-                yield role + text.fill(piece) if role else text.fill(piece)
+                yield role + text.fill(piece)
                 role = ""
             continue
         r = item

@@ -148,22 +148,19 @@ class SSEResponse(StreamingResponse):
     async def _frames(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         frames = aiter(self.body_iterator)
-        while True:
+        failed = False
+        while not failed:
             try:
                 frame = await anext(frames)
             except StopAsyncIteration:
                 break
-            except RollyardError as e:
+            except RollyardError as e:  # the error event is the stream's last
                 log.info("stream failed path=%s code=%s", self.path, e.code)
-                frame = self._error(e.http_status, e.message, e.code)
+                frame, failed = self._error(e.http_status, e.message, e.code), True
             except Exception:
                 log.exception("stream failed path=%s", self.path)
-                frame = self._error(500, "internal gateway error", "internal_error")
-            else:
-                await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
-                continue
+                frame, failed = self._error(500, "internal gateway error", "internal_error"), True
             await send({"type": "http.response.body", "body": frame.encode(), "more_body": True})
-            break
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _error(self, status: int, message: str, code: str) -> str:
