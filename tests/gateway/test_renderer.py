@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollyard.core.errors import ContextLengthExceeded
 from rollyard.core.prompt_ids import PromptIds
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.renderer import ConversationState, Renderer, tools_key
@@ -171,3 +173,26 @@ async def test_an_extension_renders_only_its_new_messages_on_the_loop(tok) -> No
         ChatRequest([Message("user", "y " * 2000), returned, Message("user", "n")]), state
     )
     assert not rewrite.extends and seen and not any(on_loop for _, on_loop in seen)
+
+
+async def test_an_extension_is_checked_for_fit_by_its_new_text_against_what_is_left(tok) -> None:
+    """An extension's earlier messages are not summed again each turn (an agent's hundreds of
+    them): its new text is checked against the limit less the ids the conversation already has.
+    A request that does not extend the state is checked whole, as a first turn is."""
+    r = Renderer(tok)
+    longest = tok.max_token_chars
+    limit = 100
+    history = [Message("user", "x" * (3 * limit * longest))]  # too long to fit, were it counted
+    returned = Message("assistant", "ok")
+    state = ConversationState(history, "[]", returned, [1] * 40, [9, tok.eos_id])  # 42 ids known
+
+    fits = Message("user", "y" * (limit - 42) * longest)
+    plan = await r.arender(ChatRequest([*history, returned, fits]), state, limit)
+    assert plan.extends
+
+    over = Message("user", "y" * ((limit - 42) * longest + 1))
+    with pytest.raises(ContextLengthExceeded, match="the 58 tokens left after the conversation's 42"):
+        await r.arender(ChatRequest([*history, returned, over]), state, limit)
+    with pytest.raises(ContextLengthExceeded, match=f"more than {limit} tokens can hold"):
+        await r.arender(ChatRequest([*history, Message("assistant", "edited"), fits]), state, limit)
+    await r.arender(ChatRequest([*history, returned, over]), state)  # no limit: not checked

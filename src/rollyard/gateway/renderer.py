@@ -30,6 +30,7 @@ import functools
 import json
 from array import array
 from dataclasses import dataclass, field
+from operator import is_
 from typing import Any
 
 from rollyard.core.errors import ContextLengthExceeded
@@ -169,27 +170,50 @@ class Renderer:
         ids += self.gen_prompt_ids
         return ids
 
-    def check_fits(self, request: ChatRequest | str, limit: int) -> None:
-        """Refuse, without tokenizing, text too long to fit ``limit`` tokens whatever its ids."""
+    def check_fits(
+        self, request: ChatRequest | str, limit: int, extends: ConversationState | None = None
+    ) -> None:
+        """Refuse, without tokenizing, text too long to fit ``limit`` tokens whatever its ids.
+
+        A request that ``extends`` a conversation state is checked by its new messages alone,
+        against what the state's known ids leave of ``limit`` (only the new text is tokenized):
+        summing every message's length each turn cost ~70 ns a message, ~0.1 ms a turn at 1,400
+        messages (an agent's history of short tool outputs)."""
         longest = getattr(self.tok, "max_token_chars", 0)
         if not longest:
             return
         if isinstance(request, str):
             chars = len(request)
-        else:
+        elif extends is None:
             chars = sum(len(m.content) + len(m.reasoning or "") for m in request.messages)
+        else:
+            known = len(extends.prompt_ids) + len(extends.completion_ids)
+            new = request.messages[len(extends.messages) + 1 :]
+            chars = sum(len(m.content) + len(m.reasoning or "") for m in new)
+            if chars > (limit - known) * longest:
+                raise ContextLengthExceeded(
+                    f"the new messages have {chars} characters, more than the {max(limit - known, 0)} "
+                    f"tokens left after the conversation's {known} can hold (this program's context "
+                    f"limit is {limit} tokens)"
+                )
+            return
         if chars > limit * longest:
             raise ContextLengthExceeded(
                 f"the prompt has {chars} characters, more than {limit} tokens can hold "
                 f"(this program's context limit is {limit} tokens)"
             )
 
-    async def arender(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
+    async def arender(
+        self, request: ChatRequest, state: ConversationState | None, limit: int | None = None
+    ) -> RenderPlan:
         """``render``, in a worker thread for large requests: a multi-megabyte prompt must not
-        stall the event loop (``/health``, every other program) while it is tokenized."""
+        stall the event loop (``/health``, every other program) while it is tokenized. With a
+        ``limit``, text that cannot fit it is refused first (``check_fits``)."""
         key = tools_key(request.tools)
         reason = None if state is None else self._mismatch(request, key, state)
         extended = state if state is not None and reason is None else None
+        if limit is not None:
+            self.check_fits(request, limit, extended)
         if request_chars(request, extended) <= self.offload_chars:
             return self._render(request, state, key, reason)
         return await asyncio.to_thread(self._render, request, state, key, reason)
@@ -236,7 +260,9 @@ class Renderer:
             return "tools_changed"
         if len(msgs) < n + 1:
             return "history_shortened"
-        for i in range(n):
+        # the previous body's own messages, reused (body_prefix): one C loop over the history
+        same_objects = all(map(is_, msgs[:n], state.messages))
+        for i in range(0 if same_objects else n):
             sent, kept = msgs[i], state.messages[i]
             if sent is kept:  # the previous body's own message, reused (body_prefix)
                 continue

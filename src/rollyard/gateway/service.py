@@ -142,12 +142,12 @@ class Gateway:
         self.check_model(request)
         if not request.messages:
             raise InvalidRequest("messages must not be empty")
-        self.renderer.check_fits(request, context_limit(program, self.pool.max_model_len))
+        limit = context_limit(program, self.pool.max_model_len)
         entered = self.clock.now()
         try:
             async with self._locks.setdefault(program.id, asyncio.Lock()):
                 self.programs.require_active(program)  # finished while this request waited its turn
-                plan = await self.renderer.arender(request, self.conversations.get(program.id))
+                plan = await self.renderer.arender(request, self.conversations.get(program.id), limit)
                 async with aclosing(self._run(program, request, plan, entered)) as items:
                     async for item in items:
                         yield item
