@@ -2,14 +2,17 @@
 
 Each of ``PROGRAMS`` programs is an agent's conversation: a turn sends the whole history back
 (the assistant messages exactly as the gateway returned them) plus a new user message, as an
-OpenAI client does. A set of conversations per level is grown with ~1k-token user messages
-(tool output) until they hold about ``level`` prompt tokens; then the measured turns each add a
-short message, all programs of a set at once, in rounds that visit every level in a rotating
-order; ``cpu_ms_per_req`` is the median over rounds of the gateway's CPU per turn, and
-``ratio_30k_vs_14k`` the median of the rounds' 30k/14k ratios. The same ids posted to the bare
-relay give its floor at that length (``floor_cpu_ms_per_req``: what moving the bytes costs any
-Python hop). A gateway whose work per turn grows with the history shows it as a growing
-``cpu_ms_per_req`` from level to level; the goal is a flat one.
+OpenAI client does. A set of conversations per level is grown with user messages (tool output)
+of ~1k tokens, or of ~60 for ``14k_short`` (the same length in ~16x the messages, as an agent of
+many short steps has), until they hold about ``level`` prompt tokens; then the measured turns
+each add a short message, all programs of a set at once, in rounds that visit every level in a
+rotating order; ``cpu_ms_per_req`` is the median over rounds of the gateway's CPU per turn,
+``ratio_30k_vs_14k`` the median of the rounds' 30k/14k ratios, and ``ratio_14k_short_vs_14k``
+theirs of the two 14k levels (what a history's number of messages costs apart from its
+tokens). The same ids posted to the bare relay give its floor at that length
+(``floor_cpu_ms_per_req``: what moving the bytes costs any Python hop). A gateway whose work
+per turn grows with the history shows it as a growing ``cpu_ms_per_req`` from level to level;
+the goal is a flat one.
 
 Only with the canned engine (its context is raised to fit the longest level): a real engine on
 these cores would spend seconds on each 30k-token prefill.
@@ -29,8 +32,8 @@ from rollyard.bench._procs import ADMIN, _cpu_seconds
 from rollyard.gateway.tokenizer import Tokenizer
 
 PROGRAMS = 64
-LEVELS = {"900": 900, "14k": 14_000, "30k": 30_000}
-GROW_TOKENS = 1000  # a growing turn's user message: a tool's output
+# name: (prompt tokens, tokens of each growing turn's user message: a tool's output)
+LEVELS = {"900": (900, 1000), "14k": (14_000, 1000), "30k": (30_000, 1000), "14k_short": (14_000, 60)}
 CONTEXT = 40_960  # the canned engine's max_model_len while these levels run
 _WORDS = (
     "def",
@@ -120,14 +123,14 @@ async def run_levels(
     rewrites_before = await _rewrites(session, url)
     sets: dict[str, list[Conversation]] = {}
     grown = 0
-    for name, target in LEVELS.items():
+    for name, (target, grow) in LEVELS.items():
         _, keys = await _programs(session, url, PROGRAMS)
         convs = sets[name] = [Conversation(k) for k in keys]
         # grown to ``target`` less half what the measured turns add: they are centred on it
         start = target - rounds * turns_per_round * (MAX_TOKENS + 30) // 2
         while (short := start - min(c.prompt_tokens for c in convs)) > 50:
             grown += 1
-            texts = [filler.text(grown * 1000 + i, min(GROW_TOKENS, short)) for i in range(len(convs))]
+            texts = [filler.text(grown * 1000 + i, min(grow, short)) for i in range(len(convs))]
             await _all(convs, session, url, texts)
     per: dict[str, list[float]] = {name: [] for name in LEVELS}
     floor: dict[str, list[float]] = {name: [] for name in LEVELS}
@@ -143,7 +146,7 @@ async def run_levels(
                 await _all(convs, session, url, texts)
             per[name].append(1000 * (_cpu_seconds(pid) - cpu0) / (turns_per_round * PROGRAMS))
             floor[name] += await _relay_rounds(session, work, relay, convs, 1, turns_per_round)
-    out: dict[str, Any] = {"programs": PROGRAMS, "grow_tokens": GROW_TOKENS}
+    out: dict[str, Any] = {"programs": PROGRAMS, "grow_tokens": {k: g for k, (_, g) in LEVELS.items()}}
     for name, convs in sets.items():
         out[name] = {
             "prompt_tokens": [min(c.prompt_tokens for c in convs), max(c.prompt_tokens for c in convs)],
@@ -153,7 +156,8 @@ async def run_levels(
             "floor_cpu_ms_per_req": floor[name],
             "median_floor_cpu_ms_per_req": statistics.median(floor[name]),
         }
-    out["ratio_30k_vs_14k"] = statistics.median(b / a for a, b in zip(per["14k"], per["30k"], strict=True))
+    for a, b in (("14k", "30k"), ("14k", "14k_short")):
+        out[f"ratio_{b}_vs_{a}"] = statistics.median(y / x for x, y in zip(per[a], per[b], strict=True))
     # Every turn here must have extended its conversation: a rewrite would render the whole
     # history fresh and measure something else (the bench's other levels' chats are rewrites).
     rewrites = await _rewrites(session, url) - rewrites_before
