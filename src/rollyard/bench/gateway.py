@@ -338,7 +338,7 @@ async def _run(quick: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                     session, work, paths, keys, 64, per_level[64] // 2, 3 if quick else 6
                 )
                 if canned():  # prompt-length levels: 64 conversations grown to 0.9k, 14k, 30k tokens
-                    rounds, turns = (3, 4) if quick else (4, 4)  # 3: a median of ratios
+                    rounds, turns = (3, 4) if quick else (6, 4)  # 3: a median of ratios; 6: rounds move +-15%
                     details["history"] = await run_levels(
                         session, (gw_url, gw_pid), relay, work, rounds, turns
                     )
