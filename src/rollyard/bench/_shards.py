@@ -116,7 +116,7 @@ def shard_cpu(
     renders, then the processes' and the engine's own warm-up), so a round compares the two
     against the same engine at the same moment. Started afresh per round (as this was), the one
     gateway came out cheaper round after round as the engine warmed and the shards did not
-    (0.62 -> 0.45 ms against 0.59 -> 0.57): the ratio measured the order, not the layouts."""
+    (0.62 -> 0.45 ms against 0.59 -> 0.57): the ratio measured the engine's warming too."""
     per: dict[int, list[float]] = {1: [], 2: []}
     ratios = []
     with contextlib.ExitStack() as stack:
