@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from rollyard.bench._gateway_load import MAX_TOKENS, Workload, _programs
+from rollyard.bench._gateway_rounds import median_ratio
 from rollyard.bench._procs import ADMIN, _cpu_seconds
 from rollyard.gateway.tokenizer import Tokenizer
 
@@ -157,7 +158,7 @@ async def run_levels(
             "median_floor_cpu_ms_per_req": statistics.median(floor[name]),
         }
     for a, b in (("14k", "30k"), ("14k", "14k_short")):
-        out[f"ratio_{b}_vs_{a}"] = statistics.median(y / x for x, y in zip(per[a], per[b], strict=True))
+        out[f"ratio_{b}_vs_{a}"] = median_ratio(per, b, a)
     # Every turn here must have extended its conversation: a rewrite would render the whole
     # history fresh and measure something else (the bench's other levels' chats are rewrites).
     rewrites = await _rewrites(session, url) - rewrites_before
