@@ -182,26 +182,24 @@ class Renderer:
         longest = getattr(self.tok, "max_token_chars", 0)
         if not longest:
             return
+        known = 0 if extends is None else len(extends.prompt_ids) + len(extends.completion_ids)
         if isinstance(request, str):
             chars = len(request)
-        elif extends is None:
-            chars = sum(len(m.content) + len(m.reasoning or "") for m in request.messages)
         else:
-            known = len(extends.prompt_ids) + len(extends.completion_ids)
-            new = request.messages[len(extends.messages) + 1 :]
+            new = request.messages if extends is None else request.messages[len(extends.messages) + 1 :]
             chars = sum(len(m.content) + len(m.reasoning or "") for m in new)
-            if chars > (limit - known) * longest:
-                raise ContextLengthExceeded(
-                    f"the new messages have {chars} characters, more than the {max(limit - known, 0)} "
-                    f"tokens left after the conversation's {known} can hold (this program's context "
-                    f"limit is {limit} tokens)"
-                )
+        if chars <= (limit - known) * longest:
             return
-        if chars > limit * longest:
+        if extends is None:
             raise ContextLengthExceeded(
                 f"the prompt has {chars} characters, more than {limit} tokens can hold "
                 f"(this program's context limit is {limit} tokens)"
             )
+        raise ContextLengthExceeded(
+            f"the new messages have {chars} characters, more than the {max(limit - known, 0)} "
+            f"tokens left after the conversation's {known} can hold (this program's context "
+            f"limit is {limit} tokens)"
+        )
 
     async def arender(
         self, request: ChatRequest, state: ConversationState | None, limit: int | None = None
