@@ -124,3 +124,20 @@ def test_the_json_is_always_the_ids_json_whatever_was_done_to_the_prompt(ops: li
         elif op == "cut":
             del p[max(0, len(p) - arg) :]
         assert ids_json(p) == json.dumps(list(p), separators=(",", ":")).encode()
+
+
+def test_a_truncated_prompt_writes_what_replaced_its_cut_ids() -> None:
+    """A conversation's list is extended in place turn after turn; a turn that failed after
+    its ids were posted is cut back (``truncate``) and the next turn appends other ids where
+    they were: what was known of the cut ids' JSON must not be written for them."""
+    p = PromptIds.extending(PromptIds([1, 2, 3]), [4])  # the next turn's prompt: 4 ids checked
+    p += [5, 6, 7]
+    ids_json(p)  # posted: JSON known for all 7
+    p.truncate(4)
+    assert list(p) == [1, 2, 3, 4] and p.checked == 4
+    p += [8, 9, 10, 11]  # as long as before, other ids past the cut
+    assert ids_json(p) == b"[1,2,3,4,8,9,10,11]"
+    p.truncate(2)
+    assert p.checked == 2 and p.unchecked() == []
+    p.truncate(5)  # longer than the list: nothing to cut
+    assert list(p) == [1, 2] and ids_json(p) == b"[1,2]"

@@ -121,3 +121,35 @@ def test_a_finished_programs_state_is_freed_from_memory(guarded: TestClient) -> 
     # The journal still has every finished program's turns.
     r = guarded.get(f"/programs/{progs[0]['id']}/trajectory", headers={"x-api-key": ADMIN})
     assert sum(len(s["turns"]) for s in r.json()["segments"]) == 1
+
+
+def _conversation(c: TestClient, engine: ScriptedBackend, fail_second: bool) -> list[int]:
+    """Two turns of one program (the second after a failed attempt, with ``fail_second``):
+    the prompt the last one sent the engine."""
+    key = new_program(c)["api_key"]
+    first = [{"role": "user", "content": "list the files"}]
+    status, body, _ = chat(c, key, {"messages": first})
+    assert status == 200
+    history = [*first, body["choices"][0]["message"]]
+    if fail_second:
+        engine.errors = [EngineError("engine fake failed on this request (500)")]
+        failed = {"messages": [*history, {"role": "user", "content": "an output the engine never saw"}]}
+        assert chat(c, key, failed)[0] == 502
+    status, _, _ = chat(c, key, {"messages": [*history, {"role": "user", "content": "run the tests " * 10}]})
+    assert status == 200
+    return engine.prompts[-1]
+
+
+def test_a_turn_the_engine_failed_leaves_the_next_prompt_token_exact(
+    client: TestClient, engine: ScriptedBackend, tok: FastTokenizer, tmp_path: Path
+) -> None:
+    """A turn extends its conversation's id list in place; one that fails after its render
+    must not leave its ids in the next turn's prompt (a gateway that never failed sends the
+    same ids), nor in the recorded turn."""
+    after_failure = _conversation(client, engine, fail_second=True)
+    other = ScriptedBackend(tok)
+    gw = build_gateway({"fake": other}, tok, tmp_path / "other.db", ADMIN, "tiny")
+    with TestClient(create_app(gw, poll_interval_s=0.05)) as c:
+        assert _conversation(c, other, fail_second=False) == after_failure
+    assert tok.decode(after_failure).count("run the tests") == 10
+    assert "never saw" not in tok.decode(after_failure)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rollyard.core.errors import ContextLengthExceeded
-from rollyard.core.prompt_ids import PromptIds
+from rollyard.core.prompt_ids import PromptIds, ids_json_parts
 from rollyard.engines import chat_template as ct
 from rollyard.gateway.renderer import ConversationState, Renderer, tools_key
 from rollyard.gateway.types import ChatRequest, Message, Tool, ToolCall
@@ -196,3 +197,42 @@ async def test_an_extension_is_checked_for_fit_by_its_new_text_against_what_is_l
     with pytest.raises(ContextLengthExceeded, match=f"more than {limit} tokens can hold"):
         await r.arender(ChatRequest([*history, Message("assistant", "edited"), fits]), state, limit)
     await r.arender(ChatRequest([*history, returned, over]), state)  # no limit: not checked
+
+
+async def test_a_turn_extends_its_conversations_own_list_and_a_failed_one_is_cut_back(tok) -> None:
+    """The program's turn appends to the state's id list (no copy of the history); until a
+    turn is recorded the state's prompt is still its first ``prompt_len`` ids, a render for
+    ``count_tokens`` copies, and the turn after a failed one (its ids posted, then dropped)
+    renders exactly what a render of a copy gives."""
+    r = Renderer(tok)
+    history = [Message("user", "what is in the repo?")]
+    returned = Message("assistant", "let me look")
+    recorded = r.render_fresh(ChatRequest(history))
+    completion = [7, 8, 9]  # no eos: closed with one by the next prompt
+    state = ConversationState(history, "[]", returned, recorded, completion)
+    prompt = list(recorded)
+
+    failed = await r.arender(
+        ChatRequest([*history, returned, Message("user", "failed")]),
+        state,
+        in_place=True,
+    )
+    assert failed.prompt_ids is state.prompt_ids and len(state.prompt_ids) > len(prompt)
+    assert state.prompt() == prompt and state.known_tokens == len(prompt) + 3
+    ids_json_parts(failed.prompt_ids)  # posted to the engine, then the turn failed
+
+    nxt = ChatRequest([*history, returned, Message("user", "the next turn's output " * 20)])
+    grown = len(state.prompt_ids)
+    counted = await r.arender(nxt, state)
+    assert counted.prompt_ids is not state.prompt_ids and len(state.prompt_ids) == grown
+
+    expected = r.render(nxt, ConversationState(history, "[]", returned, PromptIds(prompt), completion))
+    plan = await r.arender(nxt, state, in_place=True)
+    assert plan.prompt_ids is state.prompt_ids
+    assert list(plan.prompt_ids) == list(expected.prompt_ids) == list(counted.prompt_ids)
+    assert plan.reused_tokens == expected.reused_tokens == len(prompt) + 4  # and the eos
+    assert plan.prompt_ids.checked == len(prompt) + 3
+    assert (
+        b"".join(ids_json_parts(plan.prompt_ids))
+        == json.dumps(list(plan.prompt_ids)).replace(" ", "").encode()
+    )

@@ -68,7 +68,7 @@ async def conversation(
     files = _sources()
     for _ in range(turns):
         request = ChatRequest(messages=list(messages), tools=[BASH])
-        plan = renderer.render(request, state)
+        plan = renderer.render(request, state, in_place=True)
         params = sampling_for(request, program, len(plan.prompt_ids), 1 << 20)
         name, text = next(files)
         call = f'{{"name": "bash", "arguments": {{"command": "cat {name}"}}}}'

@@ -70,7 +70,7 @@ def make_app(engine_url: str, model_dir: Path, state_dir: Path) -> Any:
         )
         async with locks.setdefault(program.id, asyncio.Lock()):  # a program's turns in order
             prev = states.get(program.id)
-            plan = renderer.render(request, prev)
+            plan = renderer.render(request, prev, in_place=True)
             limit = context_limit(program, backend.max_model_len)
             params = sampling_for(request, program, len(plan.prompt_ids), limit)
             started = clock.now()

@@ -12,9 +12,10 @@ every turn. A ``PromptIds`` is an ordinary list of ints that also carries
 - ``checked``: how many of its first ids were part of a turn that was built and checked
   already (the previous prompt and completion), so a turn re-checks only the new ones.
 
-Both facts are about a prefix, so they stay true while ids are appended; nothing here
-survives a copy (``list(ids)``, slices and ``+`` give plain lists, which are simply done in
-full). Code that changes an id in place must not use one.
+Both facts are about a prefix, so they stay true while ids are appended, and ``truncate``
+keeps them true when ids are cut off; nothing here survives a copy (``list(ids)``, slices and
+``+`` give plain lists, which are simply done in full). Code that changes an id in place must
+not use one.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ class PromptIds(list[int]):
             ids._json = prompt._json
         ids.checked = len(ids)
         return ids
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` ids. What is known of the JSON of more than ``n`` is dropped
+        (the ids written after them may differ); a turn that failed after its render appended
+        to its conversation's list is cut back to the recorded prompt with this."""
+        if len(self) <= n:
+            return
+        del self[n:]
+        if self._json[1] > n:
+            self._json = ((), 0)
+        self.checked = min(self.checked, n)
 
     def unchecked(self) -> list[int]:
         """The ids after the checked prefix."""

@@ -48,7 +48,13 @@ def tools_key(tools: list[Tool]) -> str:
 
 @dataclass
 class ConversationState:
-    """What a program's next request must extend to reuse ids verbatim."""
+    """What a program's next request must extend to reuse ids verbatim.
+
+    ``prompt_ids`` is the conversation's own list: the program's next turn extends it in place
+    (``Renderer.arender(..., in_place=True)``, under the program's turn lock) instead of
+    copying the history each turn, so only its first ``prompt_len`` ids are this state's
+    prompt. A turn that fails after its render leaves ids past them, which the next render
+    cuts off; every other reader takes ``prompt()``."""
 
     messages: list[Message]
     tools_key: str
@@ -58,6 +64,20 @@ class ConversationState:
     turn_index: int = 0
     segment: int = 0
     response_id: str = ""
+    prompt_len: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt_ids)
+
+    def prompt(self) -> list[int]:
+        """This state's prompt ids, as recorded (the list itself while nothing extended it)."""
+        ids = self.prompt_ids
+        return ids if len(ids) == self.prompt_len else ids[: self.prompt_len]
+
+    @property
+    def known_tokens(self) -> int:
+        """The ids the next turn reuses: the prompt and the completion."""
+        return self.prompt_len + len(self.completion_ids)
 
     def to_json(self, since: int = 0) -> dict[str, Any]:
         """Everything but the ids: they are turn ``turn_index``'s prompt and completion, which
@@ -182,7 +202,7 @@ class Renderer:
         longest = getattr(self.tok, "max_token_chars", 0)
         if not longest:
             return
-        known = 0 if extends is None else len(extends.prompt_ids) + len(extends.completion_ids)
+        known = 0 if extends is None else extends.known_tokens
         if isinstance(request, str):
             chars = len(request)
         else:
@@ -202,48 +222,87 @@ class Renderer:
         )
 
     async def arender(
-        self, request: ChatRequest, state: ConversationState | None, limit: int | None = None
+        self,
+        request: ChatRequest,
+        state: ConversationState | None,
+        limit: int | None = None,
+        *,
+        in_place: bool = False,
     ) -> RenderPlan:
-        """``render``, in a worker thread for large requests: a multi-megabyte prompt must not
-        stall the event loop (``/health``, every other program) while it is tokenized. With a
-        ``limit``, text that cannot fit it is refused first (``check_fits``)."""
+        """``render``, tokenizing in a worker thread for large requests: a multi-megabyte prompt
+        must not stall the event loop (``/health``, every other program) while it is tokenized.
+        With a ``limit``, text that cannot fit it is refused first (``check_fits``). The ids
+        are assembled on the loop: an extension ``in_place`` appends to the state's own list,
+        which a worker thread left running by a cancelled request must not still be touching
+        when the program's next turn does."""
         key = tools_key(request.tools)
         reason = None if state is None else self._mismatch(request, key, state)
         extended = state if state is not None and reason is None else None
         if limit is not None:
             self.check_fits(request, limit, extended)
-        if request_chars(request, extended) <= self.offload_chars:
-            return self._render(request, state, key, reason)
-        return await asyncio.to_thread(self._render, request, state, key, reason)
+        large = request_chars(request, extended) > self.offload_chars
+        if extended is None:
+            if large:
+                return await asyncio.to_thread(self._render_fresh, request, key, reason)
+            return self._render_fresh(request, key, reason)
+        new = await asyncio.to_thread(self._new_ids, request, extended) if large else None
+        return self._extend(request, extended, key, in_place, new)
 
     async def aencode(self, text: str) -> list[int]:
         if len(text) <= self.offload_chars:
             return self.tok.encode(text)
         return await asyncio.to_thread(self.tok.encode, text)
 
-    def render(self, request: ChatRequest, state: ConversationState | None) -> RenderPlan:
-        """Reuse the previous turn's ids when the request extends it; else render fresh."""
-        key = tools_key(request.tools)
-        return self._render(
-            request, state, key, None if state is None else self._mismatch(request, key, state)
-        )
-
-    def _render(
-        self, request: ChatRequest, state: ConversationState | None, key: str, reason: str | None
+    def render(
+        self, request: ChatRequest, state: ConversationState | None, *, in_place: bool = False
     ) -> RenderPlan:
-        """``render``, the request's tools key and how it fails to extend ``state`` known."""
+        """Reuse the previous turn's ids when the request extends it; else render fresh.
+
+        ``in_place``: the extension appends to ``state``'s own id list (``ConversationState``)
+        instead of a copy of it: only for the program's turn itself, which alone extends its
+        conversation. Why: copying the history's ids into a new list each turn (and freeing the
+        previous one) cost ~0.13 ms a turn more at 20k ids than at 3k, in-process; in place, a
+        turn's work does not grow with its history. ``count_tokens`` and the like render a copy."""
+        key = tools_key(request.tools)
+        reason = None if state is None else self._mismatch(request, key, state)
         if state is None or reason is not None:
-            return RenderPlan(self.render_fresh(request), rewrite_reason=reason, tools_key=key)
-        # the one copy of the history's ids; what was done with them last turn is kept
-        ids = PromptIds.extending(state.prompt_ids, state.completion_ids)
+            return self._render_fresh(request, key, reason)
+        return self._extend(request, state, key, in_place)
+
+    def _render_fresh(self, request: ChatRequest, key: str, reason: str | None) -> RenderPlan:
+        return RenderPlan(self.render_fresh(request), rewrite_reason=reason, tools_key=key)
+
+    def _new_ids(self, request: ChatRequest, state: ConversationState) -> list[list[int]]:
+        """The ids of the messages after ``state``'s (the only ones an extension tokenizes)."""
+        return [
+            self.message_ids(m, request.tools, first=False)
+            for m in request.messages[len(state.messages) + 1 :]
+        ]
+
+    def _extend(
+        self,
+        request: ChatRequest,
+        state: ConversationState,
+        key: str,
+        in_place: bool,
+        new: list[list[int]] | None = None,
+    ) -> RenderPlan:
+        """The plan of a request that extends ``state``: its prompt and completion ids as they
+        were (what was done with them last turn is kept), then the new messages' ids."""
+        prompt = state.prompt_ids
+        if in_place and isinstance(prompt, PromptIds):
+            ids = prompt
+            ids.truncate(state.prompt_len)  # ids a turn that failed after its render appended
+            ids += shared_ids(state.completion_ids)
+            ids.checked = len(ids)
+        else:
+            ids = PromptIds.extending(state.prompt(), state.completion_ids)
         closed = not state.completion_ids or state.completion_ids[-1] != self.tok.eos_id
         if closed:
             ids.append(self.tok.eos_id)
         reused = len(ids)
-        new = [
-            self.message_ids(m, request.tools, first=False)
-            for m in request.messages[len(state.messages) + 1 :]
-        ]
+        if new is None:
+            new = self._new_ids(request, state)
         for m in new:
             ids += m
         ids += self.gen_prompt_ids

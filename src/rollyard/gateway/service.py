@@ -147,7 +147,8 @@ class Gateway:
         try:
             async with self._locks.setdefault(program.id, asyncio.Lock()):
                 self.programs.require_active(program)  # finished while this request waited its turn
-                plan = await self.renderer.arender(request, self.conversations.get(program.id), limit)
+                state = self.conversations.get(program.id)
+                plan = await self.renderer.arender(request, state, limit, in_place=True)
                 async with aclosing(self._run(program, request, plan, entered)) as items:
                     async for item in items:
                         yield item
@@ -184,7 +185,7 @@ class Gateway:
             async with self._locks.setdefault(program.id, asyncio.Lock()):
                 self.programs.require_active(program)  # finished while this request waited its turn
                 prev = self.conversations.get(program.id)
-                head = prev.prompt_ids + prev.completion_ids if prev else []
+                head = prev.prompt() + prev.completion_ids if prev else []
                 ext = prev is not None and ids[: len(head)] == head
                 plan = RenderPlan(ids, len(head) if ext else 0, ext, None if ext else "raw_completion")
                 result = None
