@@ -47,6 +47,12 @@ async def engine() -> AsyncIterator[tuple[str, dict]]:
         status, body = script["completions"]
         if status == 0:  # hang
             await release.wait()
+        if status == -1:  # the head and one event, then a hang
+            stalled = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stalled.prepare(request)
+            await stalled.write(f"data: {body}\n\n".encode())
+            await release.wait()
+            return stalled
         if status == 200 and (await request.json()).get("stream"):
             return web.Response(text=f"data: {body}\n\n", content_type="text/event-stream")
         return web.Response(status=status, text=body, content_type="application/json")
@@ -151,6 +157,27 @@ async def test_a_hanging_engine_times_out_cleanly(engine: tuple[str, dict]) -> N
         )
         c = await b.generate([1, 2], P)  # the engine answers again: so does the backend
         assert c.token_ids == [5]
+    finally:
+        await b.aclose()
+
+
+async def test_a_stream_that_stalls_midway_times_out_cleanly(engine: tuple[str, dict]) -> None:
+    url, script = engine
+    event = {"choices": [{"text": "a", "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.1]}}]}
+    script["completions"] = (-1, json.dumps(event))
+    b = VLLMBackend(url, timeout_s=0.4)
+    try:
+        got = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(EngineUnavailable, match="timed out"):
+            async for d in b.stream([1, 2], P):
+                got += d.token_ids
+                first = loop.time()
+        assert got == [5]  # the event before the stall was read
+        # failed between 1 and 1.25 timeouts after the last byte (a little slack for the loop)
+        assert 0.4 <= loop.time() - first < 0.4 * 1.25 + 0.3
+        assert loop.time() - started < 5
     finally:
         await b.aclose()
 

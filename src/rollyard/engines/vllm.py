@@ -41,6 +41,7 @@ from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
 from rollyard.engines.metrics import parse_vllm_metrics
+from rollyard.engines.stall_watch import StallWatch
 from rollyard.engines.stream_read import SSEPayloads, StreamCount, event_deltas, merge_deltas
 from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, token_logprobs, top_logprobs
 
@@ -102,9 +103,12 @@ class VLLMBackend(VersionFence):
         # client's seed is dropped unless the engine is known to be safe (CUDA builds).
         self.send_seed = send_seed
         self._worker_ext: bool | None = None
+        self.timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=timeout_s
         )
+        # a stream's reads are watched by a StallWatch instead (sock_read re-arms a timer per read)
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S)
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # no connection reuse: for resends
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -298,22 +302,31 @@ class VLLMBackend(VersionFence):
         version = await self._admit()
         try:
             raw = _body_json(body)
-            async with await self._send("POST", "/v1/completions", data=raw, headers=_JSON_HEADERS) as resp:
+            async with asyncio.timeout(self.timeout_s):  # the answer's head (its reads: StallWatch)
+                resp = await self._send(
+                    "POST", "/v1/completions", data=raw, headers=_JSON_HEADERS, timeout=self._stream_timeout
+                )
+            async with resp:
                 if resp.status >= 300:
-                    text = (await resp.read()).decode(errors="replace")
+                    async with asyncio.timeout(self.timeout_s):
+                        text = (await resp.read()).decode(errors="replace")
                     self._raise_status(resp.status, text, "/v1/completions", answer=True)
                 events, done, count = SSEPayloads(), False, StreamCount()
-                while not done:  # what arrived together is one delta (stream_read)
-                    chunk = await resp.content.readany()
-                    got: list[CompletionDelta] = []
-                    for payload in events.feed(chunk):
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs, count)
-                    if got:
-                        yield merge_deltas(got)
-                    done = done or not chunk
+                watch = StallWatch(resp.content, self.timeout_s)
+                try:
+                    while not done:  # what arrived together is one delta (stream_read)
+                        chunk = await resp.content.readany()
+                        got: list[CompletionDelta] = []
+                        for payload in events.feed(chunk):
+                            if payload == b"[DONE]":
+                                done = True
+                                break
+                            got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs, count)
+                        if got:
+                            yield merge_deltas(got)
+                        done = done or not chunk
+                finally:
+                    watch.cancel()
                 try:
                     count.check()
                 except EngineError as e:
