@@ -144,3 +144,22 @@ def test_an_event_as_vllm_streams_it_is_read_by_the_typed_reader() -> None:
 
     event = _decode_event(_event([5, 6], "stop"))  # raises if the types no longer take it
     assert event.choices is not None and event.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("token", ["token_id:", "token_id:1a", "tok:5", "token_id:٣", "token_id: 5"])
+def test_a_one_token_event_whose_token_is_no_id_is_the_engines_error(token: str) -> None:
+    from rollyard.engines.stream_read import _event_deltas
+
+    lp = {"tokens": [token], "token_logprobs": [-0.5]}
+    payload = json.dumps({"choices": [{"index": 0, "logprobs": lp, "finish_reason": None}]}).encode()
+    for read in (event_deltas, _event_deltas):
+        with pytest.raises(EngineError, match="not token ids"):
+            read(payload, 9, 2, 0, StreamCount())
+
+
+def test_a_one_token_event_with_an_overflowing_logprob_reads_as_the_general_reader_reads_it() -> None:
+    from rollyard.engines.stream_read import _event_deltas
+
+    lp = '{"tokens": ["token_id:5"], "token_logprobs": [-1e999]}'
+    payload = ('{"choices": [{"index": 0, "logprobs": ' + lp + ', "finish_reason": "stop"}]}').encode()
+    assert event_deltas(payload, 9, 2) == _event_deltas(payload, 9, 2, 0, None)

@@ -17,6 +17,7 @@ import msgspec
 from rollyard.core.errors import EngineError
 from rollyard.engines.base import CompletionDelta
 from rollyard.engines.vllm_choice import (
+    AS_ID,
     check_count,
     finish,
     ids_of_tokens,
@@ -39,7 +40,12 @@ class SSEPayloads:
     def feed(self, chunk: bytes) -> list[bytes]:
         """Payloads of the lines ``chunk`` completes; b"" (the end of the body) flushes the rest.
         Bytes, as the JSON parser takes them (a multi-byte character never holds a b"\n")."""
-        if not self._tail and chunk[:6] == b"data: " and chunk[-2:] == b"\n\n" and chunk.count(b"\n") == 2:
+        if (
+            not self._tail
+            and chunk.startswith(b"data: ")
+            and chunk.find(b"\n", 6) == len(chunk) - 2
+            and chunk.endswith(b"\n\n")
+        ):
             return [chunk[6:-2].strip()]  # one whole event, as an engine that keeps up sends it
         if chunk:
             *lines, self._tail = (self._tail + chunk).split(b"\n")
@@ -66,19 +72,19 @@ class StreamCount:
         check_count(self.ids, self.usage)
 
 
-class _Logprobs(msgspec.Struct):
+class _Logprobs(msgspec.Struct, gc=False):
     tokens: list[str] = msgspec.field(default_factory=list)
     token_logprobs: list[float] = msgspec.field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     logprobs: _Logprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     """What the gateway reads of a streamed event, typed: every other field (the prompt's echo
     included) is skipped by the parser, not built."""
 
@@ -105,10 +111,30 @@ def event_deltas(
         event = _decode_event(payload)
     except msgspec.MsgspecError:
         return _event_deltas(payload, prompt_tokens, version, top, count)
-    out = []
     if count is not None and event.usage is not None:
         count.usage = event.usage
-    for choice in event.choices or ():
+    choices = event.choices
+    if choices is not None and len(choices) == 1 and not top:
+        # vLLM's event per token: one id as "token_id:N", one logprob. What the loop below makes
+        # of it, without its three calls (~1/3 of an event's reading, most of it in calls).
+        choice = choices[0]
+        lp = choice.logprobs
+        if (
+            choice.token_ids is None
+            and lp is not None
+            and len(lp.tokens) == 1
+            and len(lp.token_logprobs) == 1
+        ):
+            token, value = lp.tokens[0], lp.token_logprobs[0]
+            digits = token[len(AS_ID) :]
+            if token.startswith(AS_ID) and digits.isascii() and digits.isdigit() and value - value == 0.0:
+                if count is not None:
+                    count.ids += 1
+                reason = choice.finish_reason
+                done = finish(reason) if reason is not None else None
+                return [CompletionDelta([int(digits)], [value], done, prompt_tokens, version, None)]
+    out = []
+    for choice in choices or ():
         lp = choice.logprobs
         if choice.token_ids is not None:
             ids = choice.token_ids

@@ -47,6 +47,8 @@ from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, 
 
 log = logging.getLogger(__name__)
 
+# what reading a streamed event raises (``stream_read.event_deltas``)
+_UNREADABLE = (EngineError, ValueError, KeyError, TypeError, AttributeError)
 _NETWORK_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 # What a connection closed or reset under a request looks like before any response byte.
 _DROPPED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientConnectionResetError)
@@ -312,6 +314,7 @@ class VLLMBackend(VersionFence):
                         text = (await resp.read()).decode(errors="replace")
                     self._raise_status(resp.status, text, "/v1/completions", answer=True)
                 events, done, count = SSEPayloads(), False, StreamCount()
+                n_prompt, top = len(prompt_ids), params.top_logprobs
                 watch = StallWatch(resp.content, self.timeout_s)
                 try:
                     while not done:  # what arrived together is one delta (stream_read)
@@ -321,9 +324,12 @@ class VLLMBackend(VersionFence):
                             if payload == b"[DONE]":
                                 done = True
                                 break
-                            got += self._deltas(payload, len(prompt_ids), version, params.top_logprobs, count)
+                            try:
+                                got += event_deltas(payload, n_prompt, version, top, count)
+                            except _UNREADABLE as e:
+                                raise self._unreadable(payload, e) from e
                         if got:
-                            yield merge_deltas(got)
+                            yield got[0] if len(got) == 1 else merge_deltas(got)
                         done = done or not chunk
                 finally:
                     watch.cancel()
@@ -338,17 +344,12 @@ class VLLMBackend(VersionFence):
         finally:
             self._left()
 
-    def _deltas(
-        self, payload: bytes, prompt_tokens: int, version: int, top: int, count: StreamCount
-    ) -> list[CompletionDelta]:
-        """One streamed event's deltas; an unreadable event is the engine's error on this request."""
-        try:
-            return event_deltas(payload, prompt_tokens, version, top, count)
-        except EngineError as e:
-            raise EngineError(f"engine {self.name}: {e}") from e
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            text = payload[:200].decode(errors="replace")
-            raise EngineError(f"engine {self.name} streamed an unreadable event: {text}") from e
+    def _unreadable(self, payload: bytes, e: Exception) -> EngineError:
+        """What a streamed event that could not be read is: the engine's error on this request."""
+        if isinstance(e, EngineError):
+            return EngineError(f"engine {self.name}: {e}")
+        text = payload[:200].decode(errors="replace")
+        return EngineError(f"engine {self.name} streamed an unreadable event: {text}")
 
     async def rpc(self, method: str, **kwargs: Any) -> list[Any]:
         """Call a worker-extension method on every worker of the engine; their answers."""

@@ -65,7 +65,7 @@ def finish(reason: str | None) -> FinishReason:
     return FinishReason.ABORT
 
 
-_AS_ID = "token_id:"
+AS_ID = "token_id:"
 
 
 def token_ids(choice: dict[str, Any]) -> list[int]:
@@ -92,7 +92,7 @@ def ids_of_tokens(tokens: list[str]) -> list[int]:
     if not tokens:
         return []
     if len(tokens) == 1:  # a streamed event's one token: the same checks, without the joins
-        digits = tokens[0][len(_AS_ID) :] if tokens[0].startswith(_AS_ID) else ""
+        digits = tokens[0][len(AS_ID) :] if tokens[0].startswith(AS_ID) else ""
         if not (digits.isascii() and digits.isdigit()):
             raise EngineError(f"engine's logprobs tokens are not token ids: {tokens[:3]}")
         return [int(digits)]
@@ -101,12 +101,12 @@ def ids_of_tokens(tokens: list[str]) -> list[int]:
     # scripts' digits, none of which vLLM writes), and those are the ids
     text = ",".join(tokens)
     n = len(tokens)
-    starts = text.startswith(_AS_ID) and text.count("," + _AS_ID) == n - 1
-    rest = text.replace(_AS_ID, "")
+    starts = text.startswith(AS_ID) and text.count("," + AS_ID) == n - 1
+    rest = text.replace(AS_ID, "")
     digits = rest.replace(",", "")
     parts = rest.split(",")
     ascii_digits = digits.isascii() and digits.isdigit() and "" not in parts  # "": the prefix alone
-    if not (starts and text.count(_AS_ID) == n and len(parts) == n and ascii_digits):
+    if not (starts and text.count(AS_ID) == n and len(parts) == n and ascii_digits):
         raise EngineError(f"engine's logprobs tokens are not token ids: {tokens[:3]}")
     return [int(t) for t in parts]
 

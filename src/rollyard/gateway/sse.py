@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 # one encoder for every frame: ``json.dumps`` with options builds a new one per call (~2 us
 # of the ~5 a streamed token's frame costs); the text is the same
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# what that encoder makes of a str (its own first step), without its Python frame: a frame's
+# slot is a streamed text piece nearly always
+_str_json = json.encoder.encode_basestring
 
 
 def event(data: Any, name: str | None = None) -> str:
@@ -69,10 +72,11 @@ class Frame:
             raise ValueError(f"this frame has {self._slots} slots, got {len(values)} values")
         parts = self._parts
         if len(parts) == 2:  # one slot, a streamed token's text: no list to build and join
-            return parts[0] + _dumps(values[0]) + parts[1]
+            value = values[0]
+            return parts[0] + (_str_json(value) if type(value) is str else _dumps(value)) + parts[1]
         out = [parts[0]]
         for value, part in zip(values, parts[1:], strict=True):
-            out += (_dumps(value), part)
+            out += (_str_json(value) if type(value) is str else _dumps(value), part)
         return "".join(out)
 
 
