@@ -47,7 +47,9 @@ def gateway(
     error_budget: int = typer.Option(
         20, help="failed requests per minute before a program gets 429 (0: off)"
     ),
-    engine_timeout_s: float = typer.Option(600.0, help="an engine call silent this long fails (503)"),
+    engine_timeout_s: float = typer.Option(
+        600.0, help="an engine call silent this long fails (503; a stream within 1.25x of it)"
+    ),
     program_idle_ttl_s: float = typer.Option(
         3600.0, min=0, help="terminate a program idle this long (status idle_timeout; 0: never)"
     ),

@@ -45,7 +45,8 @@ class GatewayLimits(BaseModel):
     body_timeout_s: float = Field(default=60.0, gt=0)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_conns_per_peer: int = Field(default=1024, ge=1)
-    # An engine call that sends nothing for this long fails (EngineUnavailable, retryable).
+    # An engine call that sends nothing for this long fails (EngineUnavailable, retryable; a
+    # stream between 1 and 1.25 times this after its last byte: engines.stall_watch).
     engine_timeout_s: float = Field(default=600.0, gt=0)
     # A program that makes no model request for this long is terminated (status idle_timeout)
     # and its in-memory state freed, for clients that never call finish; 0: never.
