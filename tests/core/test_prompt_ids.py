@@ -85,15 +85,15 @@ def test_a_long_conversations_json_stays_exact_past_the_pieces_kept() -> None:
 
 
 def test_the_engine_body_is_the_json_of_its_fields_with_the_prompt_first() -> None:
-    from rollyard.engines.vllm import _body_json
+    from rollyard.engines.vllm_body import body_json
 
     prompt = PromptIds.extending([5, 6], [7])
     ids_json(prompt)  # remembered: the body writes the rest only
     prompt += [8]
     body = {"model": "m", "prompt": prompt, "max_tokens": 3, "stream": False}
-    assert json.loads(_body_json(body)) == {**body, "prompt": [5, 6, 7, 8]}
-    assert list(json.loads(_body_json(body))) == ["prompt", "model", "max_tokens", "stream"]
-    assert json.loads(_body_json({"prompt": [1]})) == {"prompt": [1]}
+    assert json.loads(body_json(body)) == {**body, "prompt": [5, 6, 7, 8]}
+    assert list(json.loads(body_json(body))) == ["prompt", "model", "max_tokens", "stream"]
+    assert json.loads(body_json({"prompt": [1]})) == {"prompt": [1]}
 
 
 _OPS = st.lists(

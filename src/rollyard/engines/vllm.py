@@ -36,13 +36,13 @@ import pydantic_core
 
 from rollyard.core.engine_key import engine_headers
 from rollyard.core.errors import ContextLengthExceeded, EngineError, EngineUnavailable, InvalidRequest
-from rollyard.core.prompt_ids import ids_json_parts
 from rollyard.core.sampling import SamplingParams
 from rollyard.engines.base import Completion, CompletionDelta, EngineStats
 from rollyard.engines.fence import VersionFence
 from rollyard.engines.metrics import parse_vllm_metrics
 from rollyard.engines.stall_watch import StallWatch
 from rollyard.engines.stream_read import SSEPayloads, StreamCount, event_deltas, merge_deltas
+from rollyard.engines.vllm_body import body_json, completion_body
 from rollyard.engines.vllm_choice import check_count, finish, loads, token_ids, token_logprobs, top_logprobs
 
 log = logging.getLogger(__name__)
@@ -61,15 +61,6 @@ _CONNECT_TIMEOUT_S = 30.0
 
 def _dumps(obj: Any) -> str:
     return pydantic_core.to_json(obj).decode()
-
-
-def _body_json(body: dict[str, Any]) -> bytes:
-    """A completion body as JSON, its prompt ids written by ``ids_json_parts``: of a
-    conversation's next turn only the ids added since its last one (the rest of the text is
-    remembered). One join for the whole body: the ids' text is not first joined on its own."""
-    rest = memoryview(pydantic_core.to_json({k: v for k, v in body.items() if k != "prompt"}))
-    comma = b"," if len(rest) > 2 else b""
-    return b"".join((b'{"prompt":', *ids_json_parts(body["prompt"]), comma, rest[1:]))
 
 
 # Completion bodies are posted as bytes (``data=``), answers read as bytes: aiohttp's ``json=``
@@ -228,45 +219,11 @@ class VLLMBackend(VersionFence):
         """The exact JSON posted to ``/v1/completions`` (the gateway bench replays it directly)."""
         model = await self.model_name()  # also learns max_model_len
         self._check_fits(prompt_ids, params)
-        max_tokens = params.max_tokens
-        if self.max_model_len:
-            max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids)))
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": prompt_ids,
-            "max_tokens": max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "logprobs": params.top_logprobs if params.logprobs else None,
-            "skip_special_tokens": False,
-            "stream": stream,
-        }
-        if params.seed is not None and self.send_seed:
-            body["seed"] = params.seed
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.ignore_eos:
-            body["ignore_eos"] = True
-        if params.logprobs:
-            # The completion's ids as its logprobs' tokens ("token_id:N"; alternatives keyed so
-            # too, not by ambiguous text), not ``return_token_ids``, which also echoes the whole
-            # prompt's ids: ~150 KB for a 30k-token conversation, written by the engine and read
-            # by the gateway every turn, in proportion to the history.
-            body["return_tokens_as_token_ids"] = True
-        else:
-            body["return_token_ids"] = True
-        if params.grammar:
-            body["structured_outputs"] = {"grammar": params.grammar}
-        elif params.regex:
-            body["structured_outputs"] = {"regex": params.regex}
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return completion_body(model, self.max_model_len, prompt_ids, params, stream, self.send_seed)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         body = await self.completion_body(prompt_ids, params, stream=False)
-        raw = _body_json(body)
+        raw = body_json(body)
         version = await self._admit()
         try:
             _, answer = await self._request(
@@ -303,7 +260,7 @@ class VLLMBackend(VersionFence):
         body = await self.completion_body(prompt_ids, params, stream=True)
         version = await self._admit()
         try:
-            raw = _body_json(body)
+            raw = body_json(body)
             async with asyncio.timeout(self.timeout_s):  # the answer's head (its reads: StallWatch)
                 resp = await self._send(
                     "POST", "/v1/completions", data=raw, headers=_JSON_HEADERS, timeout=self._stream_timeout
